@@ -1,0 +1,1 @@
+"""Small shared utilities: the user-facing error type, atomic file writes, provenance helpers."""

@@ -1,0 +1,39 @@
+"""One exception type for every user mistake, so entry points can print one line and exit non-zero."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class UserError(Exception):
+    """A problem the user can fix (bad config, missing/corrupt data, bad input file).
+
+    The message must say what is wrong and how to fix it, on one line.
+    """
+
+
+class ConfigError(UserError):
+    """Invalid configuration: unknown names, malformed templates, impossible layer indices."""
+
+
+class DataError(UserError):
+    """Missing, malformed or corrupt data files."""
+
+
+def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
+    """Turn a `UserError` raised by an entry point into one `error: ...` line on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
+    return wrapper

@@ -1,0 +1,38 @@
+"""sha256 verification of data files, cached per (path, size, mtime) so a process hashes each file once."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from common.errors import DataError
+
+_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_file(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _CACHE:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        _CACHE[key] = digest.hexdigest()
+    return _CACHE[key]
+
+
+def verify_file(root: Path, relative: str, expected_sha256: str) -> Path:
+    """Return `root/relative` after checking it exists and has the expected sha256."""
+    path = root / relative
+    if not path.is_file():
+        raise DataError(
+            f"missing data file {path}: check data_root, or fetch the data with `python -m data.download --dest {root}`"
+        )
+    actual = sha256_file(path)
+    if actual != expected_sha256:
+        raise DataError(
+            f"checksum mismatch for {path}: expected sha256 {expected_sha256}, got {actual}; "
+            "the file is corrupt or a different version: re-download it"
+        )
+    return path

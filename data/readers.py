@@ -1,0 +1,113 @@
+"""Readers for the SentEval file layout, with SentEval's exact conventions.
+
+* Sentences are whitespace-split and re-joined with one space (SentEval stores token lists; SimCSE/PromptBERT
+  batchers join them with " ").
+* STS12-16: `STS.input.<subset>.txt` holds `sent1<TAB>sent2`, `STS.gs.<subset>.txt` one gold score per line; a blank
+  gold line marks an unscored pair, which is dropped.
+* STS-B csv: tab-separated, score in column 4, sentences in columns 5 and 6 (extra columns ignored).
+* SICK: header line, then `pair_ID<TAB>sentence_A<TAB>sentence_B<TAB>relatedness_score<TAB>...`.
+
+Every malformed line raises `DataError` naming `file:line`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from common.errors import DataError
+
+
+@dataclass
+class SentencePairs:
+    """Scored sentence pairs; `subsets[i]` names the file pair i came from."""
+
+    sentences1: list[str] = field(default_factory=list)
+    sentences2: list[str] = field(default_factory=list)
+    gold: list[float] = field(default_factory=list)
+    subsets: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.gold)
+
+    def extend(self, other: SentencePairs) -> None:
+        self.sentences1 += other.sentences1
+        self.sentences2 += other.sentences2
+        self.gold += other.gold
+        self.subsets += other.subsets
+
+    def gold_array(self) -> np.ndarray:
+        return np.asarray(self.gold, dtype=np.float64)
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
+
+
+def _normalise(text: str, path: Path, lineno: int) -> str:
+    sentence = " ".join(text.split())
+    if not sentence:
+        raise DataError(f"{path}:{lineno}: empty sentence")
+    return sentence
+
+
+def _score(text: str, path: Path, lineno: int) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise DataError(f"{path}:{lineno}: gold score {text!r} is not a number") from None
+
+
+def read_sts_subset(input_path: Path, gold_path: Path, subset: str) -> SentencePairs:
+    """One STS12-16 subset; pairs with a blank gold line are dropped, as SentEval does."""
+    inputs, golds = _read_lines(input_path), _read_lines(gold_path)
+    if len(inputs) != len(golds):
+        raise DataError(
+            f"{gold_path}: {len(golds)} gold lines but {input_path.name} has {len(inputs)} sentence pairs"
+        )
+    pairs = SentencePairs()
+    for lineno, (line, gold) in enumerate(zip(inputs, golds), start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise DataError(f"{input_path}:{lineno}: expected 2 tab-separated sentences, found {len(fields)} fields")
+        if not gold.strip():
+            continue
+        pairs.sentences1.append(_normalise(fields[0], input_path, lineno))
+        pairs.sentences2.append(_normalise(fields[1], input_path, lineno))
+        pairs.gold.append(_score(gold.strip(), gold_path, lineno))
+        pairs.subsets.append(subset)
+    return pairs
+
+
+def read_stsb(path: Path, subset: str) -> SentencePairs:
+    pairs = SentencePairs()
+    for lineno, line in enumerate(_read_lines(path), start=1):
+        fields = line.strip().split("\t")
+        if len(fields) < 7:
+            raise DataError(f"{path}:{lineno}: expected at least 7 tab-separated fields, found {len(fields)}")
+        pairs.gold.append(_score(fields[4], path, lineno))
+        pairs.sentences1.append(_normalise(fields[5], path, lineno))
+        pairs.sentences2.append(_normalise(fields[6], path, lineno))
+        pairs.subsets.append(subset)
+    return pairs
+
+
+def read_sick(path: Path, subset: str) -> SentencePairs:
+    lines = _read_lines(path)
+    if not lines or not lines[0].startswith("pair_ID"):
+        raise DataError(f"{path}:1: expected the SICK header line starting with 'pair_ID'")
+    pairs = SentencePairs()
+    for lineno, line in enumerate(lines[1:], start=2):
+        fields = line.strip().split("\t")
+        if len(fields) < 4:
+            raise DataError(f"{path}:{lineno}: expected at least 4 tab-separated fields, found {len(fields)}")
+        pairs.sentences1.append(_normalise(fields[1], path, lineno))
+        pairs.sentences2.append(_normalise(fields[2], path, lineno))
+        pairs.gold.append(_score(fields[3], path, lineno))
+        pairs.subsets.append(subset)
+    return pairs

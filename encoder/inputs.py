@@ -1,0 +1,124 @@
+"""Token-level input construction: templating, truncation, token roles, padding into batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from common.errors import ConfigError, UserError
+from encoder.template import MASK_SLOT, Template, apply_sentence_rule
+
+# Token roles, one per position: which part of the input a token belongs to.
+PAD, SPECIAL, TEMPLATE, SENTENCE = -1, 0, 1, 2
+
+
+@dataclass(frozen=True)
+class InputForm:
+    """How sentences become model inputs. Poolers sharing an InputForm share one forward pass."""
+
+    template: Template | None = None
+    sentence_rule: str = "none"
+    max_sentence_tokens: int | None = None
+
+    def describe(self) -> dict:
+        return {
+            "template": self.template.text if self.template else None,
+            "sentence_rule": self.sentence_rule if self.template else "none",
+            "max_sentence_tokens": self.max_sentence_tokens,
+        }
+
+
+@dataclass
+class TokenizedInput:
+    """One sequence: ids and roles have equal length; `sentence_length` counts sentence tokens after truncation."""
+
+    input_ids: list[int]
+    roles: list[int]
+    sentence_length: int
+
+
+class InputBuilder:
+    """Builds `[CLS] prefix sentence suffix [SEP]` id sequences for one tokenizer and one InputForm."""
+
+    def __init__(self, tokenizer, form: InputForm, max_length: int):
+        if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
+            raise ConfigError(f"tokenizer {type(tokenizer).__name__} has no [CLS]/[SEP] tokens; use an encoder model")
+        self.tokenizer = tokenizer
+        self.form = form
+        self.prefix_ids: list[int] = []
+        self.suffix_ids: list[int] = []
+        if form.template is not None:
+            self.prefix_ids = self._tokenize_template_piece(form.template.prefix)
+            self.suffix_ids = self._tokenize_template_piece(form.template.suffix)
+        room = max_length - 2 - len(self.prefix_ids) - len(self.suffix_ids)
+        if room < 1:
+            raise ConfigError(f"template {form.template.text!r} leaves no room for the sentence in {max_length} tokens")
+        self.max_sentence_tokens = min(form.max_sentence_tokens or room, room)
+
+    def _tokenize_template_piece(self, text: str) -> list[int]:
+        """Tokenize template text, writing the model's own mask id for each `[MASK]`.
+
+        Text before a mask is right-stripped so byte-level BPE tokenizers (RoBERTa, whose `<mask>` absorbs the space
+        before it) give the same ids as tokenizing the whole filled template at once.
+        """
+        pieces = text.split(MASK_SLOT)
+        if len(pieces) > 1 and self.tokenizer.mask_token_id is None:
+            raise ConfigError(
+                f"the template has {MASK_SLOT} but tokenizer {type(self.tokenizer).__name__} has no mask token; "
+                "use a masked-language model (BERT, RoBERTa, ...) or a template without [MASK]"
+            )
+        ids: list[int] = []
+        for index, piece in enumerate(pieces):
+            if index < len(pieces) - 1:
+                piece = piece.rstrip()
+            if piece.strip():
+                ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+            if index < len(pieces) - 1:
+                ids.append(self.tokenizer.mask_token_id)
+        return ids
+
+    def build(self, sentences: list[str]) -> list[TokenizedInput]:
+        if self.form.template is not None:
+            sentences = [apply_sentence_rule(sentence, self.form.sentence_rule) for sentence in sentences]
+        for index, sentence in enumerate(sentences):
+            if not sentence.strip():
+                raise UserError(f"sentence {index} is empty; remove empty lines from the input")
+        sentence_ids = self.tokenizer(sentences, add_special_tokens=False)["input_ids"]
+        cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        prefix_roles, suffix_roles = [TEMPLATE] * len(self.prefix_ids), [TEMPLATE] * len(self.suffix_ids)
+        built = []
+        for ids in sentence_ids:
+            ids = ids[: self.max_sentence_tokens]
+            built.append(
+                TokenizedInput(
+                    input_ids=[cls, *self.prefix_ids, *ids, *self.suffix_ids, sep],
+                    roles=[SPECIAL, *prefix_roles, *([SENTENCE] * len(ids)), *suffix_roles, SPECIAL],
+                    sentence_length=len(ids),
+                )
+            )
+        return built
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    roles: torch.Tensor  # [B, T], PAD on padding
+    mask_token: torch.Tensor  # [B, T] bool, True at [MASK] template positions
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+
+
+def collate(items: list[TokenizedInput], pad_id: int, mask_id: int | None) -> Batch:
+    width = max(len(item.input_ids) for item in items)
+    ids = np.full((len(items), width), pad_id, dtype=np.int64)
+    roles = np.full((len(items), width), PAD, dtype=np.int64)
+    for row, item in enumerate(items):
+        ids[row, : len(item.input_ids)] = item.input_ids
+        roles[row, : len(item.roles)] = item.roles
+    input_ids, roles_t = torch.from_numpy(ids), torch.from_numpy(roles)
+    mask_token = (roles_t == TEMPLATE) & (input_ids == mask_id) if mask_id is not None else roles_t == -2
+    return Batch(input_ids=input_ids, attention_mask=(roles_t != PAD).long(), roles=roles_t, mask_token=mask_token)

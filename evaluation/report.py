@@ -1,0 +1,67 @@
+"""results.json (scores + provenance) and a markdown table, both written atomically."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+from common.io import atomic_write_json, atomic_write_text
+from evaluation.plots import TASK_ABBREVIATIONS, plot_scores
+
+
+def software_versions() -> dict[str, str]:
+    import numpy
+    import scipy
+    import torch
+    import transformers
+
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+    }
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+        versions["project_commit"] = commit
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return versions
+
+
+def utc_timestamp() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def markdown_table(scores: dict[str, dict[str, float]]) -> str:
+    """One row per pooler, one column per task (table order of the first pooler), then the average."""
+    first = next(iter(scores.values()))
+    tasks = [name for name in first if name != "avg"]
+    header = ["pooler", *(TASK_ABBREVIATIONS.get(t, t) for t in tasks), "avg"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    for pooler, row in scores.items():
+        lines.append("| " + " | ".join([pooler, *(f"{row[t]:.2f}" for t in tasks), f"{row['avg']:.2f}"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(output_dir: Path, results: dict) -> tuple[Path, Path]:
+    """Write results.json, results.md and results.png; return the JSON and markdown paths."""
+    output_dir = Path(output_dir)
+    json_path = atomic_write_json(output_dir / "results.json", results)
+    prov = results["provenance"]
+    header = (
+        f"# STS results\n\nmodel: `{prov['model']['name_or_path']}`  \n"
+        f"template: `{prov['input']['template']}` (sentence rule: {prov['input']['sentence_rule']})  \n"
+        f"post-processing: {prov['post_processing']}  \n"
+        f"protocol: cosine, Spearman x100, SentEval 'all' setting; seed {prov['seed']}\n\n"
+    )
+    md_path = atomic_write_text(output_dir / "results.md", header + markdown_table(results["scores"]))
+    template = prov["input"]["template"] or "no template"
+    plot_scores(results["scores"], output_dir / "results.png", f"{prov['model']['name_or_path']} | {template}")
+    return json_path, md_path

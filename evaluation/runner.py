@@ -1,0 +1,133 @@
+"""What `evaluate.py` runs: `score` (STS table with provenance) and `encode` (embeddings of a text file)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from common.errors import ConfigError, DataError
+from common.io import atomic_write, atomic_write_json
+from common.seed import seed_everything
+from data.root import resolve_data_root
+from data.tasks import REGISTRY_FILE, get_tasks, load_registry
+from encoder.model import Encoder, combine_needs
+from encoder.template import SENTENCE_RULES, Template
+from evaluation.report import markdown_table, software_versions, utc_timestamp, write_report
+from evaluation.sts import evaluate_sts
+from poolers import build_pooler, build_poolers
+
+MODES = ("score", "encode")
+
+
+def build_template(cfg: DictConfig) -> Template | None:
+    if cfg.sentence_rule not in SENTENCE_RULES:
+        raise ConfigError(f"unknown sentence_rule {cfg.sentence_rule!r}; valid: {', '.join(SENTENCE_RULES)}")
+    return Template(str(cfg.template)) if cfg.template else None
+
+
+def build_encoder(cfg: DictConfig, poolers) -> Encoder:
+    needs = combine_needs(poolers)
+    model = cfg.model
+    return Encoder(
+        str(model.name_or_path),
+        device=model.device,
+        batch_size=int(model.batch_size),
+        max_length=model.max_length,
+        dtype=model.dtype,
+        revision=model.revision,
+        attentions=needs.attentions,
+        progress=bool(cfg.progress),
+    )
+
+
+def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poolers, seed: int) -> dict:
+    return {
+        "model": encoder.describe(),
+        "input": {
+            "template": template.text if template else None,
+            "sentence_rule": cfg.sentence_rule if template else "none",
+            "max_sentence_tokens": cfg.max_sentence_tokens,
+        },
+        "poolers": {pooler.name: pooler.describe() for pooler in poolers},
+        "post_processing": None,
+        "post_processing_fit_corpus": None,
+        "seed": seed,
+        "batch_size": encoder.batch_size,
+        "device": str(encoder.device),
+        "versions": software_versions(),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "timestamp": utc_timestamp(),
+    }
+
+
+def score(cfg: DictConfig) -> dict:
+    """Score every configured pooler on every configured task; write results.json and results.md."""
+    seed_everything(int(cfg.seed))
+    template = build_template(cfg)
+    poolers = build_poolers(list(cfg.poolers), OmegaConf.to_container(cfg.pooler_args))
+    tasks = get_tasks(list(cfg.tasks), load_registry(Path(cfg.task_registry or REGISTRY_FILE)))
+    root = resolve_data_root(cfg.data_root)
+    if any(p.needs.templated for p in poolers) and template is None:
+        names = [p.name for p in poolers if p.needs.templated]
+        raise ConfigError(f"poolers {names} pool over a templated input; pass template='...[X]...[MASK]...' "
+                          "or prompt=promptbert_bert")
+    started = time.perf_counter()
+    encoder = build_encoder(cfg, poolers)
+    result = evaluate_sts(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens)
+    prov = provenance(cfg, encoder, template, poolers, int(cfg.seed))
+    prov["data_root"] = str(root)
+    prov["unique_sentences"] = result.pop("unique_sentences")
+    prov["forward_sequences"] = encoder.stats.forward_sequences
+    prov["wall_time_s"] = round(time.perf_counter() - started, 2)
+    prov["tasks"] = result.pop("tasks")
+    results = {"scores": result["scores"], "details": result["details"], "provenance": prov}
+    json_path, md_path = write_report(Path(cfg.output_dir), results)
+    print(markdown_table(results["scores"]), end="")
+    print(f"wall time {prov['wall_time_s']:.1f} s; wrote {json_path} and {md_path}")
+    return results
+
+
+def read_sentences(path: Path) -> list[str]:
+    if not path.is_file():
+        raise DataError(f"input file {path} does not exist")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines:
+        raise DataError(f"input file {path} is empty; it needs one sentence per line")
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise DataError(f"{path}:{lineno}: empty sentence; remove blank lines")
+    return lines
+
+
+def encode(cfg: DictConfig) -> np.ndarray:
+    """Embed each line of `input` with `pooler`; write float32 `output` (.npy) and `output`.json provenance."""
+    if not cfg.input or not cfg.output:
+        raise ConfigError("mode=encode needs input=FILE.txt and output=FILE.npy")
+    seed_everything(int(cfg.seed))
+    template = build_template(cfg)
+    pooler = build_pooler(str(cfg.pooler), **OmegaConf.to_container(cfg.pooler_args).get(str(cfg.pooler), {}))
+    sentences = read_sentences(Path(cfg.input))
+    encoder = build_encoder(cfg, [pooler])
+    embeddings = encoder.embed(sentences, [pooler], template, cfg.sentence_rule, cfg.max_sentence_tokens)[pooler.name]
+    embeddings = embeddings.astype(np.float32)
+    output = Path(cfg.output)
+
+    def save(tmp: Path) -> None:
+        with tmp.open("wb") as handle:
+            np.save(handle, embeddings)
+
+    atomic_write(output, save)
+    atomic_write_json(output.with_suffix(output.suffix + ".json"),
+                      {"input": str(cfg.input), "rows": len(sentences),
+                       "provenance": provenance(cfg, encoder, template, [pooler], int(cfg.seed))})
+    print(f"wrote {output}: {embeddings.shape[0]} x {embeddings.shape[1]} float32 ({pooler.name} pooling)")
+    return embeddings
+
+
+def run(cfg: DictConfig):
+    if cfg.mode not in MODES:
+        raise ConfigError(f"unknown mode {cfg.mode!r}; valid: {', '.join(MODES)}")
+    return score(cfg) if cfg.mode == "score" else encode(cfg)

@@ -1,0 +1,113 @@
+"""STS scoring, SentEval "all" setting as SimCSE and PromptBERT report it.
+
+score(task) = 100 · Spearman(cos(e(s1_i), e(s2_i)), gold_i) over ALL scored pairs of the task at once (for STS12-16,
+the concatenation of every subset of the year; blank gold lines already dropped by the reader). Spearman is
+scipy's (ties get average ranks). No regressor is trained: STS-B and SICK-R use their test split with cosine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from data.readers import SentencePairs
+from data.tasks import TaskSpec
+from encoder.model import Encoder
+from encoder.template import Template
+from poolers.base import Pooler
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity, computed in float64."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return (a * b).sum(1) / np.maximum(norms, 1e-12)
+
+
+def spearman_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
+    return float(spearmanr(predicted, gold).statistic * 100.0)
+
+
+@dataclass
+class SentenceIndex:
+    """The unique sentences of several tasks, so each is encoded once; pairs refer to rows by index."""
+
+    sentences: list[str] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def add(self, sentences: Sequence[str]) -> np.ndarray:
+        ids = []
+        for sentence in sentences:
+            if sentence not in self.rows:
+                self.rows[sentence] = len(self.sentences)
+                self.sentences.append(sentence)
+            ids.append(self.rows[sentence])
+        return np.asarray(ids, dtype=np.int64)
+
+
+@dataclass
+class IndexedTask:
+    spec: TaskSpec
+    pairs: SentencePairs
+    left: np.ndarray
+    right: np.ndarray
+
+
+def load_and_index(tasks: Sequence[TaskSpec], root: Path, index: SentenceIndex) -> list[IndexedTask]:
+    """Verify and read every task (all before any encoding, so bad data fails fast)."""
+    loaded = []
+    for spec in tasks:
+        pairs = spec.load(root)
+        loaded.append(IndexedTask(spec, pairs, index.add(pairs.sentences1), index.add(pairs.sentences2)))
+    return loaded
+
+
+def score_task(task: IndexedTask, embeddings: np.ndarray) -> dict:
+    """Main score over all pairs, plus per-subset scores for STS12-16 (reported, never averaged into the main)."""
+    cosines = cosine_rows(embeddings[task.left], embeddings[task.right])
+    gold = task.pairs.gold_array()
+    result = {"spearman": spearman_x100(cosines, gold), "pairs": len(gold)}
+    subsets = np.asarray(task.pairs.subsets)
+    names = list(dict.fromkeys(task.pairs.subsets))
+    if len(names) > 1:
+        result["subsets"] = {name: spearman_x100(cosines[subsets == name], gold[subsets == name]) for name in names}
+    return result
+
+
+def evaluate_sts(
+    encoder: Encoder,
+    tasks: Sequence[TaskSpec],
+    root: Path,
+    poolers: Sequence[Pooler],
+    template: Template | None = None,
+    sentence_rule: str = "none",
+    max_sentence_tokens: int | None = None,
+) -> dict:
+    """Score every pooler on every task with one forward pass per (unique sentence, input form).
+
+    Returns {"scores": {pooler: {task: x100, "avg": mean}}, "details": {pooler: {task: {...}}}, "tasks": {...}}.
+    """
+    encoder.check_poolers(poolers, template)
+    index = SentenceIndex()
+    loaded = load_and_index(tasks, root, index)
+    embeddings = encoder.embed(index.sentences, poolers, template, sentence_rule, max_sentence_tokens)
+    scores: dict[str, dict[str, float]] = {}
+    details: dict[str, dict[str, dict]] = {}
+    for pooler in poolers:
+        details[pooler.name] = {task.spec.name: score_task(task, embeddings[pooler.name]) for task in loaded}
+        per_task = {name: d["spearman"] for name, d in details[pooler.name].items()}
+        scores[pooler.name] = {**per_task, "avg": float(np.mean(list(per_task.values())))}
+    task_records = {
+        task.spec.name: {
+            "split": task.spec.split,
+            "pairs": len(task.pairs),
+            "main_score": task.spec.main_score,
+            "files": task.spec.files(),
+        }
+        for task in loaded
+    }
+    return {"scores": scores, "details": details, "tasks": task_records, "unique_sentences": len(index.sentences)}

@@ -1,0 +1,1 @@
+"""LightningModules for PromptBERT (unsupervised / supervised) and OptiPrompt training (issue #3)."""

@@ -1,0 +1,57 @@
+"""Pooler interface: each pooler declares what it needs so the encoder computes exactly that, once."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from encoder.outputs import EncoderOutput
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a pooler reads from the forward pass.
+
+    layers: hidden-state indices (0 = embeddings, negatives count from the last layer).
+    templated: pool over the prompt-templated input (else the plain `[CLS] sentence [SEP]` input).
+    mask_token: needs `[MASK]` positions (template must contain `[MASK]`, tokenizer must have a mask token).
+    attentions: needs attention probabilities (eager attention).
+    word_embeddings: needs rows of the input word-embedding table.
+    """
+
+    layers: tuple[int, ...] = ()
+    templated: bool = False
+    mask_token: bool = False
+    attentions: bool = False
+    word_embeddings: bool = False
+
+
+class Pooler(ABC):
+    """Maps an `EncoderOutput` of a batch to `[B, D]` sentence embeddings."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @property
+    @abstractmethod
+    def needs(self) -> Needs: ...
+
+    @abstractmethod
+    def __call__(self, out: EncoderOutput) -> torch.Tensor: ...
+
+    def describe(self) -> dict:
+        """Provenance record: type, layers and input form of this pooler."""
+        needs = self.needs
+        return {
+            "type": type(self).__name__,
+            "layers": list(needs.layers),
+            "input": "templated" if needs.templated else "plain",
+        }
+
+
+def masked_mean(states: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ_t w_t·h_t / Σ_t w_t over the token axis; `states` [B, T, D], `weights` [B, T] (0/1 or soft)."""
+    weights = weights.to(states.dtype)
+    return (states * weights.unsqueeze(-1)).sum(1) / weights.sum(1, keepdim=True).clamp_min(1e-9)

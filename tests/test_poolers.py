@@ -1,0 +1,140 @@
+"""Every pooler against a plain per-sentence, per-token loop on an unpadded forward of an independently loaded model."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from common.errors import ConfigError
+from encoder.model import Encoder
+from encoder.outputs import normalize_layer
+from encoder.template import Template
+from poolers import POOLER_NAMES, build_pooler, build_poolers
+
+PROMPT = 'This sentence : "[X]" means [MASK] .'
+TWO_MASKS = 'This sentence : "[X]" means [MASK] [MASK] .'
+SENTENCES = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog near the river bank"]
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_bert):
+    return Encoder(str(tiny_bert), batch_size=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_bert):
+    model = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+
+    def run(text):
+        ids = tokenizer(text)["input_ids"]
+        with torch.no_grad():
+            hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        return ids, [h[0].double().numpy() for h in hidden]
+
+    return model, tokenizer, run
+
+
+def loop_mean(vectors):
+    total = np.zeros_like(vectors[0])
+    for vector in vectors:
+        total += vector
+    return total / len(vectors)
+
+
+def expected(name, sentence, reference, template=PROMPT):
+    model, tokenizer, run = reference
+    if name in ("mask", "avg"):
+        ids, hidden = run(template.replace("[X]", sentence))
+    else:
+        ids, hidden = run(sentence)
+    last = len(hidden) - 1
+    if name == "cls":
+        return hidden[last][0]
+    if name == "mean":
+        return loop_mean([hidden[last][t] for t in range(len(ids))])
+    if name == "first_last":
+        return loop_mean([(hidden[1][t] + hidden[last][t]) / 2 for t in range(len(ids))])
+    if name == "avg":
+        return loop_mean([hidden[last][t] for t in range(len(ids))])
+    if name == "mask":
+        return loop_mean([hidden[last][t] for t in range(len(ids)) if ids[t] == tokenizer.mask_token_id])
+    if name == "static":
+        table = model.get_input_embeddings().weight.detach().double().numpy()
+        return loop_mean([table[i] for i in ids])
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", POOLER_NAMES)
+def test_pooler_matches_loop(name, encoder, reference):
+    pooler = build_pooler(name)
+    out = encoder.embed(SENTENCES, [pooler], Template(PROMPT))[name]
+    assert out.shape == (len(SENTENCES), encoder.hidden_size) and out.dtype == np.float32
+    for row, sentence in enumerate(SENTENCES):
+        np.testing.assert_allclose(out[row], expected(name, sentence, reference), atol=2e-5, rtol=1e-4)
+
+
+def test_multi_mask_averages_mask_states(encoder, reference):
+    out = encoder.embed(SENTENCES, [build_pooler("mask")], Template(TWO_MASKS))["mask"]
+    for row, sentence in enumerate(SENTENCES):
+        np.testing.assert_allclose(out[row], expected("mask", sentence, reference, TWO_MASKS), atol=2e-5, rtol=1e-4)
+
+
+def test_layer_indexing(encoder, reference):
+    """Layer 0 is the embedding output (word + position + segment, LayerNorm); -1 is the last layer L."""
+    model, tokenizer, _ = reference
+    poolers = [build_pooler("mean", layers=[0]), ]
+    emb0 = encoder.embed(SENTENCES, poolers)["mean"]
+    for row, sentence in enumerate(SENTENCES):
+        ids = torch.tensor([tokenizer(sentence)["input_ids"]])
+        with torch.no_grad():
+            direct = model.embeddings(input_ids=ids)[0].double().numpy()
+        np.testing.assert_allclose(emb0[row], direct.mean(0), atol=2e-5, rtol=1e-4)
+    last = encoder.embed(SENTENCES, [build_pooler("mean", layers=[encoder.num_layers])])["mean"]
+    np.testing.assert_allclose(last, encoder.embed(SENTENCES, [build_pooler("mean")])["mean"], atol=1e-6)
+    multi = encoder.embed(SENTENCES, [build_pooler("first_last", layers=[0, 1, -1])])["first_last"]
+    _, _, run = reference
+    for row, sentence in enumerate(SENTENCES):
+        ids, hidden = run(sentence)
+        want = loop_mean([(hidden[0][t] + hidden[1][t] + hidden[-1][t]) / 3 for t in range(len(ids))])
+        np.testing.assert_allclose(multi[row], want, atol=2e-5, rtol=1e-4)
+
+
+def test_normalize_layer_bounds():
+    assert normalize_layer(0, 12) == 0 and normalize_layer(-1, 12) == 12 and normalize_layer(-13, 12) == 0
+    with pytest.raises(ConfigError, match="layer 13 is out of range for a model with 12 layers"):
+        normalize_layer(13, 12)
+
+
+def test_out_of_range_layer_fails_before_forward(encoder):
+    with pytest.raises(ConfigError, match="out of range"):
+        encoder.embed(["x"], [build_pooler("mean", layers=[7])])
+    assert encoder.stats.forward_batches >= 0
+
+
+def test_order_and_batch_size_do_not_change_embeddings(tiny_bert, encoder):
+    poolers = build_poolers(["mean", "mask"])
+    a = encoder.embed(SENTENCES, poolers, Template(PROMPT))
+    big = Encoder(str(tiny_bert), batch_size=64, progress=False)
+    b = big.embed(SENTENCES[::-1], poolers, Template(PROMPT))
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name][::-1], atol=1e-5)
+
+
+def test_registry_errors():
+    with pytest.raises(ConfigError, match="unknown pooler 'nope'; valid poolers: cls, mean"):
+        build_pooler("nope")
+    with pytest.raises(ConfigError, match="pooler_args given for avg"):
+        build_poolers(["mean"], {"avg": {}})
+    with pytest.raises(ConfigError, match="bad arguments for pooler 'mask'"):
+        build_pooler("mask", layers=[1])
+
+
+def test_mask_pooling_errors(encoder, tiny_bert_no_mask):
+    with pytest.raises(ConfigError, match=r"needs a \[MASK\] in the template"):
+        encoder.embed(["x"], [build_pooler("mask")], Template('This sentence : "[X]" .'))
+    with pytest.raises(ConfigError, match="pass a template"):
+        encoder.embed(["x"], [build_pooler("avg")], None)
+    no_mask = Encoder(str(tiny_bert_no_mask), progress=False)
+    with pytest.raises(ConfigError, match=r"needs a \[MASK\] token but model .* has none"):
+        no_mask.embed(["x"], [build_pooler("mask")], Template(PROMPT))

@@ -1,0 +1,37 @@
+"""Scoring many poolers costs one transformer forward per (unique sentence, input form)."""
+
+from collections import Counter
+
+from data.tasks import get_tasks, load_registry
+from encoder.model import Encoder
+from encoder.template import Template
+from evaluation.sts import evaluate_sts
+from poolers import build_poolers
+
+PROMPT = 'This sentence : "[X]" means [MASK] .'
+
+
+def test_encoder_runs_once_per_sentence_and_form(mini_data, tiny_bert):
+    root, registry = mini_data
+    tasks = get_tasks(["MINI12", "MINI-B", "MINI-SICK"], load_registry(registry))
+    encoder = Encoder(str(tiny_bert), batch_size=3, progress=False)
+    seen = Counter()
+
+    def record(module, args, kwargs):
+        for row, mask in zip(kwargs["input_ids"].tolist(), kwargs["attention_mask"].tolist()):
+            seen[tuple(t for t, m in zip(row, mask) if m)] += 1
+
+    handle = encoder.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        poolers = build_poolers(["cls", "mean", "first_last", "static", "mask", "avg"])
+        evaluate_sts(encoder, tasks, root, poolers, Template(PROMPT))
+    finally:
+        handle.remove()
+    unique = {s for t in tasks for p in [t.load(root)] for s in p.sentences1 + p.sentences2}
+    tokenizer = encoder.tokenizer
+    plain = {tuple(tokenizer(s)["input_ids"]) for s in unique}
+    templated = {tuple(tokenizer(PROMPT.replace("[X]", s))["input_ids"]) for s in unique}
+    assert len(unique) < sum(2 * t.pairs for t in tasks)  # sentences repeat across and within tasks
+    assert set(seen) == plain | templated
+    assert all(count == 1 for count in seen.values())
+    assert encoder.stats.forward_sequences == 2 * len(unique)
