@@ -84,30 +84,30 @@ def read_sts_subset(input_path: Path, gold_path: Path, subset: str) -> SentenceP
     return pairs
 
 
-def read_stsb(path: Path, subset: str) -> SentencePairs:
+def _read_columns(path: Path, lines: list[str], first_lineno: int, min_fields: int, subset: str,
+                  columns: tuple[int, int, int]) -> SentencePairs:
+    """Tab-separated rows; `columns` = (sentence 1, sentence 2, gold score) field indices."""
+    first, second, score = columns
     pairs = SentencePairs()
-    for lineno, line in enumerate(_read_lines(path), start=1):
+    for lineno, line in enumerate(lines, start=first_lineno):
         fields = line.strip().split("\t")
-        if len(fields) < 7:
-            raise DataError(f"{path}:{lineno}: expected at least 7 tab-separated fields, found {len(fields)}")
-        pairs.gold.append(_score(fields[4], path, lineno))
-        pairs.sentences1.append(_normalise(fields[5], path, lineno))
-        pairs.sentences2.append(_normalise(fields[6], path, lineno))
+        if len(fields) < min_fields:
+            raise DataError(
+                f"{path}:{lineno}: expected at least {min_fields} tab-separated fields, found {len(fields)}"
+            )
+        pairs.sentences1.append(_normalise(fields[first], path, lineno))
+        pairs.sentences2.append(_normalise(fields[second], path, lineno))
+        pairs.gold.append(_score(fields[score], path, lineno))
         pairs.subsets.append(subset)
     return pairs
+
+
+def read_stsb(path: Path, subset: str) -> SentencePairs:
+    return _read_columns(path, _read_lines(path), 1, 7, subset, columns=(5, 6, 4))
 
 
 def read_sick(path: Path, subset: str) -> SentencePairs:
     lines = _read_lines(path)
     if not lines or not lines[0].startswith("pair_ID"):
         raise DataError(f"{path}:1: expected the SICK header line starting with 'pair_ID'")
-    pairs = SentencePairs()
-    for lineno, line in enumerate(lines[1:], start=2):
-        fields = line.strip().split("\t")
-        if len(fields) < 4:
-            raise DataError(f"{path}:{lineno}: expected at least 4 tab-separated fields, found {len(fields)}")
-        pairs.sentences1.append(_normalise(fields[1], path, lineno))
-        pairs.sentences2.append(_normalise(fields[2], path, lineno))
-        pairs.gold.append(_score(fields[3], path, lineno))
-        pairs.subsets.append(subset)
-    return pairs
+    return _read_columns(path, lines[1:], 2, 4, subset, columns=(1, 2, 3))

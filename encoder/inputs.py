@@ -111,6 +111,10 @@ class Batch:
     def model_inputs(self) -> dict[str, torch.Tensor]:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
 
+    def to(self, device: torch.device) -> Batch:
+        return Batch(input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
+                     roles=self.roles.to(device), mask_token=self.mask_token.to(device))
+
 
 def collate(items: list[TokenizedInput], pad_id: int, mask_id: int | None) -> Batch:
     width = max(len(item.input_ids) for item in items)
@@ -120,5 +124,8 @@ def collate(items: list[TokenizedInput], pad_id: int, mask_id: int | None) -> Ba
         ids[row, : len(item.input_ids)] = item.input_ids
         roles[row, : len(item.roles)] = item.roles
     input_ids, roles_t = torch.from_numpy(ids), torch.from_numpy(roles)
-    mask_token = (roles_t == TEMPLATE) & (input_ids == mask_id) if mask_id is not None else roles_t == -2
+    if mask_id is None:
+        mask_token = torch.zeros_like(roles_t, dtype=torch.bool)
+    else:
+        mask_token = (roles_t == TEMPLATE) & (input_ids == mask_id)
     return Batch(input_ids=input_ids, attention_mask=(roles_t != PAD).long(), roles=roles_t, mask_token=mask_token)

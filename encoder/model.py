@@ -43,6 +43,22 @@ def resolve_model_path(name_or_path: str) -> str:
     raise ConfigError(f"model {name_or_path!r}: package {module_name!r} has no get_model_path() or MODEL_DIR")
 
 
+def find_mlm_head(model: torch.nn.Module, missing_keys, name_or_path: str) -> torch.nn.Module:
+    """The whole MLM head (transform + decoder) of a *ForMaskedLM model; refuse a randomly initialised one."""
+    base_prefix = model.base_model_prefix + "."
+    head_missing = [key for key in missing_keys if not key.startswith(base_prefix)]
+    if head_missing:
+        raise ConfigError(
+            f"checkpoint {name_or_path!r} has no trained MLM head (missing {head_missing[0]}, ...); "
+            "use a checkpoint saved with its masked-language-model head"
+        )
+    for attribute in ("cls", "lm_head", "generator_lm_head"):
+        head = getattr(model, attribute, None)
+        if isinstance(head, torch.nn.Module):
+            return head
+    raise ConfigError(f"cannot find the MLM head of {type(model).__name__}; expected a `cls` or `lm_head` module")
+
+
 def combine_needs(poolers: Sequence[Pooler]) -> Needs:
     return Needs(
         layers=tuple(sorted({layer for p in poolers for layer in p.needs.layers})),
@@ -50,6 +66,7 @@ def combine_needs(poolers: Sequence[Pooler]) -> Needs:
         mask_token=any(p.needs.mask_token for p in poolers),
         attentions=any(p.needs.attentions for p in poolers),
         word_embeddings=any(p.needs.word_embeddings for p in poolers),
+        mlm_head=any(p.needs.mlm_head for p in poolers),
     )
 
 
@@ -101,11 +118,12 @@ class Encoder:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.path, revision=revision)
             model_cls = AutoModelForMaskedLM if mlm_head else AutoModel
-            model = model_cls.from_pretrained(
+            model, loading = model_cls.from_pretrained(
                 self.path,
                 revision=revision,
                 dtype=DTYPES[dtype],
                 attn_implementation="eager" if attentions else "sdpa",
+                output_loading_info=True,
             )
         except OSError as err:
             first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -115,7 +133,7 @@ class Encoder:
             ) from None
         self.model = model.to(self.device).eval()
         self.transformer = self.model.base_model if mlm_head else self.model
-        self.mlm_head = self.model.get_output_embeddings() if mlm_head else None
+        self.mlm_head = find_mlm_head(self.model, loading["missing_keys"], name_or_path) if mlm_head else None
         self.num_layers = int(self.transformer.config.num_hidden_layers)
         self.hidden_size = int(self.transformer.config.hidden_size)
         limit = max_length or getattr(self.transformer.config, "max_position_embeddings", 512)
@@ -153,6 +171,11 @@ class Encoder:
                         f"pooler {pooler.name!r} needs a [MASK] token but model {self.name_or_path!r} has none; "
                         "use a masked-language model or another pooler"
                     )
+            if needs.mlm_head and self.mlm_head is None:
+                raise ConfigError(
+                    f"pooler {pooler.name!r} needs the MLM head; load the encoder with mlm_head=true "
+                    "(a checkpoint with a masked-language-model head)"
+                )
             if needs.attentions and not self.attentions:
                 raise ConfigError(
                     f"pooler {pooler.name!r} needs attention probabilities; load the encoder with attentions=true "
@@ -199,9 +222,10 @@ class Encoder:
         for start in tqdm(starts, desc=f"encode ({label})", unit="batch", disable=not self.progress, leave=False):
             batch = collate([items[i] for i in order[start : start + self.batch_size]],
                             self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
-            out = self.forward(batch, needs)
-            for pooler in poolers:
-                chunks[pooler.name].append(pooler(out).float().cpu())
+            with torch.inference_mode():
+                out = self.forward(batch, needs)
+                for pooler in poolers:
+                    chunks[pooler.name].append(pooler(out).float().cpu())
         result = {}
         for name, parts in chunks.items():
             stacked = torch.cat(parts).numpy()
@@ -213,14 +237,14 @@ class Encoder:
     @torch.inference_mode()
     def forward(self, batch: Batch, needs: Needs) -> EncoderOutput:
         """Run the transformer once (or not at all when only word embeddings are needed)."""
-        batch = Batch(*(t.to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.roles,
-                                                    batch.mask_token)))
+        batch = batch.to(self.device)
         out = EncoderOutput(
             num_layers=self.num_layers,
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             roles=batch.roles,
             mask_token=batch.mask_token,
+            mlm_head=self.mlm_head,
         )
         if needs.word_embeddings:
             out.word_embeddings = self.transformer.get_input_embeddings()(batch.input_ids)

@@ -36,6 +36,7 @@ class EncoderOutput:
     hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
     attentions: tuple[torch.Tensor, ...] | None = None
     word_embeddings: torch.Tensor | None = None
+    mlm_head: torch.nn.Module | None = None
 
     def layer(self, index: int) -> torch.Tensor:
         return self.hidden_states[normalize_layer(index, self.num_layers)]

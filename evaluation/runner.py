@@ -39,6 +39,7 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
         dtype=model.dtype,
         revision=model.revision,
         attentions=needs.attentions,
+        mlm_head=needs.mlm_head,
         progress=bool(cfg.progress),
     )
 
@@ -70,10 +71,6 @@ def score(cfg: DictConfig) -> dict:
     poolers = build_poolers(list(cfg.poolers), OmegaConf.to_container(cfg.pooler_args))
     tasks = get_tasks(list(cfg.tasks), load_registry(Path(cfg.task_registry or REGISTRY_FILE)))
     root = resolve_data_root(cfg.data_root)
-    if any(p.needs.templated for p in poolers) and template is None:
-        names = [p.name for p in poolers if p.needs.templated]
-        raise ConfigError(f"poolers {names} pool over a templated input; pass template='...[X]...[MASK]...' "
-                          "or prompt=promptbert_bert")
     started = time.perf_counter()
     encoder = build_encoder(cfg, poolers)
     result = evaluate_sts(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens)

@@ -19,6 +19,7 @@ class Needs:
     mask_token: needs `[MASK]` positions (template must contain `[MASK]`, tokenizer must have a mask token).
     attentions: needs attention probabilities (eager attention).
     word_embeddings: needs rows of the input word-embedding table.
+    mlm_head: needs the masked-language-model head (the encoder loads the MLM variant of the checkpoint).
     """
 
     layers: tuple[int, ...] = ()
@@ -26,6 +27,7 @@ class Needs:
     mask_token: bool = False
     attentions: bool = False
     word_embeddings: bool = False
+    mlm_head: bool = False
 
 
 class Pooler(ABC):

