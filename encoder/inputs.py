@@ -107,13 +107,11 @@ class Batch:
     attention_mask: torch.Tensor  # [B, T]
     roles: torch.Tensor  # [B, T], PAD on padding
     mask_token: torch.Tensor  # [B, T] bool, True at [MASK] template positions
-
-    def model_inputs(self) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+    sentence_lengths: torch.Tensor  # [B], sentence tokens after truncation
+    position_ids: torch.Tensor | None = None  # [B, T]; None = the model's default positions
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
-                     roles=self.roles.to(device), mask_token=self.mask_token.to(device))
+        return Batch(**{name: None if value is None else value.to(device) for name, value in vars(self).items()})
 
 
 def collate(items: list[TokenizedInput], pad_id: int, mask_id: int | None) -> Batch:
@@ -128,4 +126,6 @@ def collate(items: list[TokenizedInput], pad_id: int, mask_id: int | None) -> Ba
         mask_token = torch.zeros_like(roles_t, dtype=torch.bool)
     else:
         mask_token = (roles_t == TEMPLATE) & (input_ids == mask_id)
-    return Batch(input_ids=input_ids, attention_mask=(roles_t != PAD).long(), roles=roles_t, mask_token=mask_token)
+    lengths = torch.tensor([item.sentence_length for item in items], dtype=torch.long)
+    return Batch(input_ids=input_ids, attention_mask=(roles_t != PAD).long(), roles=roles_t, mask_token=mask_token,
+                 sentence_lengths=lengths)

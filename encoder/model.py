@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
 from common.errors import ConfigError
+from encoder.forward import InputEmbedder, run_transformer
 from encoder.inputs import Batch, InputBuilder, InputForm, collate
 from encoder.outputs import EncoderOutput, normalize_layer
 from encoder.template import Template
@@ -67,6 +68,7 @@ def combine_needs(poolers: Sequence[Pooler]) -> Needs:
         attentions=any(p.needs.attentions for p in poolers),
         word_embeddings=any(p.needs.word_embeddings for p in poolers),
         mlm_head=any(p.needs.mlm_head for p in poolers),
+        template_bias=any(p.needs.template_bias for p in poolers),
     )
 
 
@@ -84,6 +86,9 @@ class Encoder:
     Each call to `embed` groups the poolers by input form (plain, or templated) and runs the transformer ONCE per
     (sentence, form): length-sorted batches, `inference_mode`, hidden states only when a pooler needs more than the
     last layer, attention probabilities only when a pooler needs them (eager attention).
+
+    `Encoder(name_or_path, ...)` loads a checkpoint; `Encoder.from_model(...)` wraps a model already in memory
+    (the training-time evaluation callback), so both score through the same code.
     """
 
     def __init__(
@@ -99,27 +104,17 @@ class Encoder:
         revision: str | None = None,
         progress: bool = True,
     ):
-        self.name_or_path = name_or_path
-        self.path = resolve_model_path(name_or_path)
+        path = resolve_model_path(name_or_path)
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                                   "cpu" if device == "auto" else device)
-        self.batch_size = batch_size
-        self.dtype = dtype
-        self.attentions = attentions
-        self.progress = progress
-        self.stats = EncodeStats()
-        is_local = Path(self.path).exists()
-        if not is_local and (self.path.startswith((".", "/", "~")) or self.path.count("/") > 1):
-            raise ConfigError(f"model directory {self.path} does not exist; pass a local directory or a hub name")
+        is_local = Path(path).exists()
+        if not is_local and (path.startswith((".", "/", "~")) or path.count("/") > 1):
+            raise ConfigError(f"model directory {path} does not exist; pass a local directory or a hub name")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.path, revision=revision)
+            tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
             model_cls = AutoModelForMaskedLM if mlm_head else AutoModel
             model, loading = model_cls.from_pretrained(
-                self.path,
+                path,
                 revision=revision,
                 dtype=DTYPES[dtype],
                 attn_implementation="eager" if attentions else "sdpa",
@@ -131,13 +126,57 @@ class Encoder:
                 f"could not load model {name_or_path!r} ({first_line}); pass a local directory, or a hub name on a "
                 "machine that can reach the Hugging Face Hub"
             ) from None
+        head = find_mlm_head(model, loading["missing_keys"], name_or_path) if mlm_head else None
+        self._setup(model.base_model if mlm_head else model, tokenizer, name_or_path=name_or_path, path=path,
+                    device=device, batch_size=batch_size, max_length=max_length, dtype=dtype,
+                    attentions=attentions, mlm_head=head, progress=progress)
         self.model = model.to(self.device).eval()
-        self.transformer = self.model.base_model if mlm_head else self.model
-        self.mlm_head = find_mlm_head(self.model, loading["missing_keys"], name_or_path) if mlm_head else None
-        self.num_layers = int(self.transformer.config.num_hidden_layers)
-        self.hidden_size = int(self.transformer.config.hidden_size)
-        limit = max_length or getattr(self.transformer.config, "max_position_embeddings", 512)
-        self.max_length = min(limit, self.tokenizer.model_max_length or limit)
+
+    @classmethod
+    def from_model(
+        cls,
+        transformer: torch.nn.Module,
+        tokenizer,
+        *,
+        name: str,
+        batch_size: int = 64,
+        max_length: int | None = None,
+        mlm_head: torch.nn.Module | None = None,
+        input_embedder: InputEmbedder | None = None,
+        progress: bool = False,
+    ) -> Encoder:
+        """Wrap an in-memory transformer (left on its device, dtype and train/eval state as given)."""
+        encoder = cls.__new__(cls)
+        device = next(transformer.parameters()).device
+        attentions = getattr(transformer.config, "_attn_implementation", "sdpa") == "eager"
+        dtype = {v: k for k, v in DTYPES.items()}.get(next(transformer.parameters()).dtype, "float32")
+        encoder._setup(transformer, tokenizer, name_or_path=name, path=name, device=str(device),
+                       batch_size=batch_size, max_length=max_length, dtype=dtype, attentions=attentions,
+                       mlm_head=mlm_head, progress=progress, input_embedder=input_embedder)
+        encoder.model = transformer
+        return encoder
+
+    def _setup(self, transformer, tokenizer, *, name_or_path, path, device, batch_size, max_length, dtype,
+               attentions, mlm_head, progress, input_embedder=None) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.name_or_path = name_or_path
+        self.path = path
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                                   "cpu" if device == "auto" else device)
+        self.batch_size = batch_size
+        self.dtype = dtype
+        self.attentions = attentions
+        self.progress = progress
+        self.stats = EncodeStats()
+        self.tokenizer = tokenizer
+        self.transformer = transformer
+        self.mlm_head = mlm_head
+        self.input_embedder = input_embedder
+        self.num_layers = int(transformer.config.num_hidden_layers)
+        self.hidden_size = int(transformer.config.hidden_size)
+        limit = max_length or getattr(transformer.config, "max_position_embeddings", 512)
+        self.max_length = min(limit, tokenizer.model_max_length or limit)
 
     def describe(self) -> dict:
         return {
@@ -159,12 +198,12 @@ class Encoder:
             needs = pooler.needs
             for layer in needs.layers:
                 normalize_layer(layer, self.num_layers)
-            if needs.templated and template is None:
+            if (needs.templated or needs.template_bias) and template is None:
                 raise ConfigError(
                     f"pooler {pooler.name!r} pools over a prompt-templated input; pass a template, "
                     "e.g. template='This sentence : \"[X]\" means [MASK] .'"
                 )
-            if needs.mask_token:
+            if needs.mask_token or needs.template_bias:
                 template.require_mask(f"pooler {pooler.name!r}")
                 if self.tokenizer.mask_token_id is None:
                     raise ConfigError(
@@ -199,8 +238,8 @@ class Encoder:
         self.check_poolers(poolers, template)
         by_form: dict[InputForm, list[Pooler]] = defaultdict(list)
         for pooler in poolers:
-            form_template = template if pooler.needs.templated else None
-            by_form[InputForm(form_template, sentence_rule, max_sentence_tokens)].append(pooler)
+            templated = pooler.needs.templated or pooler.needs.template_bias
+            by_form[InputForm(template if templated else None, sentence_rule, max_sentence_tokens)].append(pooler)
         embeddings: dict[str, np.ndarray] = {}
         for form, form_poolers in by_form.items():
             embeddings.update(self.encode_form(sentences, form_poolers, form))
@@ -213,7 +252,8 @@ class Encoder:
         self, sentences: Sequence[str], poolers: Sequence[Pooler], form: InputForm
     ) -> dict[str, np.ndarray]:
         """One input form: tokenize all, sort by length, one forward per batch, every pooler on every batch."""
-        items = self.input_builder(form).build(list(sentences))
+        builder = self.input_builder(form)
+        items = builder.build(list(sentences))
         order = np.argsort([-len(item.input_ids) for item in items], kind="stable")
         needs = combine_needs(poolers)
         chunks: dict[str, list[torch.Tensor]] = {pooler.name: [] for pooler in poolers}
@@ -223,7 +263,7 @@ class Encoder:
             batch = collate([items[i] for i in order[start : start + self.batch_size]],
                             self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
             with torch.inference_mode():
-                out = self.forward(batch, needs)
+                out = self.forward(batch, needs, builder)
                 for pooler in poolers:
                     chunks[pooler.name].append(pooler(out).float().cpu())
         result = {}
@@ -234,34 +274,12 @@ class Encoder:
             result[name] = unsorted
         return result
 
-    @torch.inference_mode()
-    def forward(self, batch: Batch, needs: Needs) -> EncoderOutput:
+    def forward(self, batch: Batch, needs: Needs, builder: InputBuilder | None = None) -> EncoderOutput:
         """Run the transformer once (or not at all when only word embeddings are needed)."""
         batch = batch.to(self.device)
-        out = EncoderOutput(
-            num_layers=self.num_layers,
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            roles=batch.roles,
-            mask_token=batch.mask_token,
-            mlm_head=self.mlm_head,
-        )
-        if needs.word_embeddings:
-            out.word_embeddings = self.transformer.get_input_embeddings()(batch.input_ids)
-        layers = {normalize_layer(layer, self.num_layers) for layer in needs.layers}
-        if not layers and not needs.attentions:
-            return out
-        all_layers = layers != {self.num_layers}
-        model_out = self.transformer(
-            **batch.model_inputs(),
-            output_hidden_states=all_layers,
-            output_attentions=needs.attentions,
-        )
-        self.stats.forward_batches += 1
-        self.stats.forward_sequences += batch.input_ids.shape[0]
-        if all_layers:
-            out.hidden_states = {layer: model_out.hidden_states[layer] for layer in layers}
-        else:
-            out.hidden_states = {self.num_layers: model_out.last_hidden_state}
-        out.attentions = model_out.attentions if needs.attentions else None
+        out = run_transformer(self.transformer, batch, needs, builder=builder, input_embedder=self.input_embedder,
+                              mlm_head=self.mlm_head)
+        if out.hidden_states or out.attentions is not None:
+            self.stats.forward_batches += 1
+            self.stats.forward_sequences += batch.input_ids.shape[0]
         return out

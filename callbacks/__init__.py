@@ -1,0 +1,1 @@
+"""Lightning callbacks: STS evaluation during and after training."""

@@ -1,0 +1,114 @@
+"""The one transformer call shared by evaluation (`Encoder`, under inference_mode) and training (with gradients).
+
+`run_transformer` turns a `Batch` into the `EncoderOutput` poolers read. It optionally
+* writes trainable soft-template vectors into `inputs_embeds` (OptiPrompt), via an `InputEmbedder`;
+* computes the template bias of PromptBERT's template denoising for the sentence lengths present in the batch.
+
+Template denoising (PromptBERT §5): for a sentence of n tokens the bias is the hidden state at the [MASK] of the
+template alone, `[CLS] prefix suffix [SEP]`, whose position ids after the prefix are shifted by +n so every template
+token sits where it sits in the real input. One batched forward covers all distinct n of a batch.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from encoder.inputs import SPECIAL, TEMPLATE, Batch, InputBuilder
+from encoder.outputs import EncoderOutput, normalize_layer
+from poolers.base import Needs
+
+
+class InputEmbedder(Protocol):
+    """Builds `inputs_embeds` [B, T, D] for a batch (e.g. a soft template placed by offset)."""
+
+    def __call__(self, batch: Batch, word_embeddings: torch.nn.Embedding) -> torch.Tensor: ...
+
+
+def position_base(transformer: torch.nn.Module) -> int:
+    """First position id: 0 for BERT; padding_idx + 1 for RoBERTa-style embeddings."""
+    padding_idx = getattr(getattr(transformer, "embeddings", None), "padding_idx", None)
+    return 0 if padding_idx is None else int(padding_idx) + 1
+
+
+def template_only_batch(builder: InputBuilder, lengths: torch.Tensor, base: int) -> Batch:
+    """`[CLS] prefix suffix [SEP]` once per length n, positions after the prefix shifted by +n."""
+    prefix, suffix = builder.prefix_ids, builder.suffix_ids
+    tokenizer = builder.tokenizer
+    ids = [tokenizer.cls_token_id, *prefix, *suffix, tokenizer.sep_token_id]
+    width, count = len(ids), len(lengths)
+    head = torch.arange(1 + len(prefix), device=lengths.device)
+    tail = torch.arange(1 + len(prefix), width, device=lengths.device)
+    positions = torch.cat([head.expand(count, -1), tail.unsqueeze(0) + lengths.unsqueeze(1)], dim=1) + base
+    input_ids = torch.tensor(ids, device=lengths.device).expand(count, -1)
+    roles = torch.tensor([SPECIAL] + [TEMPLATE] * (width - 2) + [SPECIAL], device=lengths.device).expand(count, -1)
+    mask_id = tokenizer.mask_token_id
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        roles=roles,
+        mask_token=(roles == TEMPLATE) & (input_ids == mask_id),
+        sentence_lengths=torch.zeros_like(lengths),
+        position_ids=positions,
+    )
+
+
+def run_transformer(
+    transformer: torch.nn.Module,
+    batch: Batch,
+    needs: Needs,
+    *,
+    builder: InputBuilder | None = None,
+    input_embedder: InputEmbedder | None = None,
+    mlm_head: torch.nn.Module | None = None,
+) -> EncoderOutput:
+    """One forward of `transformer` on `batch`, keeping what `needs` asks for (and the template bias if asked)."""
+    num_layers = int(transformer.config.num_hidden_layers)
+    out = EncoderOutput(num_layers=num_layers, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        roles=batch.roles, mask_token=batch.mask_token, mlm_head=mlm_head)
+    word_embeddings = transformer.get_input_embeddings()
+    if needs.word_embeddings:
+        out.word_embeddings = word_embeddings(batch.input_ids)
+    layers = {normalize_layer(layer, num_layers) for layer in needs.layers}
+    if not layers and not needs.attentions:
+        return out
+    inputs = {"attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
+    if input_embedder is not None:
+        inputs["inputs_embeds"] = input_embedder(batch, word_embeddings)
+    else:
+        inputs["input_ids"] = batch.input_ids
+    all_layers = layers != {num_layers}
+    model_out = transformer(**inputs, output_hidden_states=all_layers, output_attentions=needs.attentions)
+    if all_layers:
+        out.hidden_states = {layer: model_out.hidden_states[layer] for layer in layers}
+    else:
+        out.hidden_states = {num_layers: model_out.last_hidden_state}
+    out.attentions = model_out.attentions if needs.attentions else None
+    if needs.template_bias:
+        out.template_bias = template_bias(transformer, builder, batch.sentence_lengths, needs.layers,
+                                          input_embedder=input_embedder)
+    return out
+
+
+def template_bias(
+    transformer: torch.nn.Module,
+    builder: InputBuilder,
+    sentence_lengths: torch.Tensor,
+    layers: tuple[int, ...] = (-1,),
+    *,
+    input_embedder: InputEmbedder | None = None,
+) -> dict[int, torch.Tensor]:
+    """Per row, the [MASK] state (averaged over several masks) of the template alone at that row's length.
+
+    Returns normalised layer -> [B, D]; computed once per distinct length, same train/eval and grad state as the
+    caller, so gradients flow through the bias unless the caller wraps this in `torch.no_grad()`.
+    """
+    unique, inverse = torch.unique(sentence_lengths, return_inverse=True)
+    bias_batch = template_only_batch(builder, unique, position_base(transformer))
+    bias_out = run_transformer(transformer, bias_batch, Needs(layers=tuple(layers)), input_embedder=input_embedder)
+    weights = bias_batch.mask_token.to(next(iter(bias_out.hidden_states.values())).dtype).unsqueeze(-1)
+    return {
+        layer: ((states * weights).sum(1) / weights.sum(1))[inverse]
+        for layer, states in bias_out.hidden_states.items()
+    }

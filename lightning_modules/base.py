@@ -1,0 +1,127 @@
+"""What PromptBERT (unsupervised, supervised) and OptiPrompt share: model loading, templated views, InfoNCE, optimiser.
+
+Subclasses say which views to contrast (`contrastive_views`) and how a checkpoint is scored (`eval_poolers`,
+`eval_template`). Every representation goes through `encoder.forward.run_transformer` and a pooler from `poolers/`,
+the same code evaluate.py and the exports use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytorch_lightning as pl
+import torch
+from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, get_linear_schedule_with_warmup
+
+from common.errors import ConfigError, UserError
+from encoder.forward import run_transformer, template_bias
+from encoder.inputs import InputBuilder, InputForm, collate
+from encoder.model import Encoder, resolve_model_path
+from encoder.template import Template
+from lightning_modules.losses import info_nce, world_size
+from poolers.base import Pooler
+
+
+class NonFiniteLossError(UserError):
+    """The loss became NaN/inf; training stops before the optimiser step, so saved checkpoints stay good."""
+
+
+class PromptContrastiveModule(pl.LightningModule):
+    def __init__(
+        self,
+        model_name_or_path: str,
+        templates: list[str],
+        eval_template: str | None = None,
+        temperature: float = 0.05,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        warmup_ratio: float = 0.0,
+        max_sentence_tokens: int = 32,
+        sentence_rule: str = "none",
+        denoise: bool = True,
+        freeze_bias: bool = False,
+        load_mlm_head: bool = False,
+        max_length: int | None = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.templates = [Template(text) for text in templates]
+        self.eval_template = Template(eval_template or templates[0])
+        for template in [*self.templates, self.eval_template]:
+            template.require_mask(type(self).__name__)
+        path = resolve_model_path(model_name_or_path)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            model_cls = AutoModelForMaskedLM if load_mlm_head else AutoModel
+            model, self.loading_info = model_cls.from_pretrained(path, output_loading_info=True)
+        except OSError as err:
+            raise ConfigError(f"could not load model {model_name_or_path!r} ({str(err).strip().splitlines()[0]}); "
+                              "pass a local directory, or a hub name on a machine that can reach the Hub") from None
+        if self.tokenizer.mask_token_id is None:
+            raise ConfigError(f"model {model_name_or_path!r} has no [MASK] token; prompt-based training needs one")
+        # from_pretrained returns eval mode and Lightning keeps each submodule's mode: dropout must be on in training.
+        model.train()
+        self.mlm_model = model if load_mlm_head else None
+        self.transformer = model.base_model if load_mlm_head else model
+        self.max_length = min(max_length or self.transformer.config.max_position_embeddings,
+                              self.tokenizer.model_max_length or 10**9)
+        self.builders = [self._builder(t, max_sentence_tokens) for t in self.templates]
+        self.input_embedder: torch.nn.Module | None = None
+
+    # -- representations ------------------------------------------------------------------------------------------
+
+    def _builder(self, template: Template, max_sentence_tokens: int | None) -> InputBuilder:
+        form = InputForm(template, self.hparams.sentence_rule, max_sentence_tokens)
+        return InputBuilder(self.tokenizer, form, self.max_length)
+
+    def pooled(self, sentences: list[str], builder: InputBuilder, pooler: Pooler) -> torch.Tensor:
+        """Pool one templated view of `sentences` (in the module's current train/eval mode, with gradients)."""
+        batch = collate(builder.build(sentences), self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
+        batch = batch.to(self.device)
+        needs = pooler.needs
+        frozen_bias = needs.template_bias and self.hparams.freeze_bias
+        out = run_transformer(self.transformer, batch, replace(needs, template_bias=needs.template_bias and
+                                                               not frozen_bias),
+                              builder=builder, input_embedder=self.input_embedder)
+        if frozen_bias:
+            with torch.no_grad():
+                out.template_bias = template_bias(self.transformer, builder, batch.sentence_lengths, needs.layers,
+                                                  input_embedder=self.input_embedder)
+        return pooler(out)
+
+    def contrastive_views(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(anchors, positives, hard negatives or None), each [b, D]."""
+        raise NotImplementedError
+
+    def eval_poolers(self) -> list[Pooler]:
+        """Poolers a checkpoint is scored with (at least [MASK] and avg)."""
+        raise NotImplementedError
+
+    def evaluation_encoder(self, batch_size: int = 128) -> Encoder:
+        return Encoder.from_model(self.transformer, self.tokenizer, name=self.hparams.model_name_or_path,
+                                  batch_size=batch_size, max_length=self.max_length,
+                                  input_embedder=self.input_embedder)
+
+    # -- optimisation ---------------------------------------------------------------------------------------------
+
+    def training_step(self, batch, batch_idx):
+        anchors, positives, negatives = self.contrastive_views(batch)
+        loss = info_nce(anchors, positives, self.hparams.temperature, negatives)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"loss is {loss.item()} at step {self.global_step}; stopped before the optimiser step, the saved "
+                "checkpoints are from before it; lower the learning rate or train in fp32"
+            )
+        self.log("train/loss", loss, prog_bar=True, batch_size=anchors.shape[0])
+        # Each rank back-propagates through its own slice of the global similarity matrix; DDP averages gradients,
+        # so scaling by the world size gives exactly the single-process gradient of the joined batch.
+        return loss * world_size()
+
+    def configure_optimizers(self):
+        params = [p for p in self.parameters() if p.requires_grad]
+        if not params:
+            raise ConfigError(f"{type(self).__name__} has no trainable parameters")
+        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(self.hparams.warmup_ratio * total), total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,39 @@
+"""Projection heads on top of the sentence representation."""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers.activations import ACT2FN
+
+
+class MLPHead(nn.Module):
+    """h -> tanh(W h + b): SimCSE/PromptBERT's unsupervised head, used in training only."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden):
+        return self.activation(self.dense(hidden))
+
+
+class MLMTransformHead(nn.Module):
+    """h -> LayerNorm(act(W h + b)): the transform of BERT's MLM head (PromptBERT's supervised head).
+
+    Initialised from the checkpoint's MLM head (`cls.predictions.transform`) when it has one.
+    """
+
+    def __init__(self, hidden_size: int, activation: str = "gelu", eps: float = 1e-12):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = ACT2FN[activation]
+        self.layer_norm = nn.LayerNorm(hidden_size, eps=eps)
+
+    def forward(self, hidden):
+        return self.layer_norm(self.activation(self.dense(hidden)))
+
+    def load_from_mlm_transform(self, transform: nn.Module) -> None:
+        """Copy a BertPredictionHeadTransform-like module (dense + LayerNorm)."""
+        self.dense.load_state_dict(transform.dense.state_dict())
+        self.layer_norm.load_state_dict(transform.LayerNorm.state_dict())

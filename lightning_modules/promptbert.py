@@ -1,0 +1,68 @@
+"""PromptBERT: unsupervised (two templates as two views) and supervised (NLI triplets) contrastive training."""
+
+from __future__ import annotations
+
+from lightning_modules.base import PromptContrastiveModule
+from lightning_modules.heads import MLMTransformHead, MLPHead
+from poolers import build_pooler
+from poolers.base import Pooler
+from poolers.mask import MaskPooler
+
+BERT_TEMPLATES = ('This sentence of "[X]" means [MASK] .', 'This sentence : "[X]" means [MASK] .')
+
+
+class PromptBERTUnsup(PromptContrastiveModule):
+    """Two templates give two views of each sentence; both are template-denoised (training only), passed through an
+    MLP (dense + tanh, training only) and contrasted with InfoNCE (τ = 0.05). Evaluation: one template, [MASK]
+    pooling without denoising, no MLP (PromptBERT §5, unsupervised recipe)."""
+
+    def __init__(self, model_name_or_path: str, templates: list[str] = BERT_TEMPLATES, **kwargs):
+        if len(templates) != 2:
+            raise ValueError(f"PromptBERTUnsup needs two templates (two views), got {len(templates)}")
+        super().__init__(model_name_or_path, list(templates), **kwargs)
+        self.mlp = MLPHead(self.transformer.config.hidden_size)
+        self.train_pooler = MaskPooler("mask", denoise=self.hparams.denoise)
+
+    def contrastive_views(self, batch: list[str]):
+        first, second = (self.mlp(self.pooled(batch, builder, self.train_pooler)) for builder in self.builders)
+        return first, second, None
+
+    def eval_poolers(self) -> list[Pooler]:
+        return [MaskPooler("mask"), build_pooler("avg")]
+
+
+class PromptBERTSup(PromptContrastiveModule):
+    """NLI triplets (sentence, entailment, contradiction), one template for all three; representation =
+    g(h_[MASK]) − g(bias) with g the MLM head's transform (dense + GELU + LayerNorm) initialised from the checkpoint's
+    MLM head when it has one; denoised in training AND evaluation; contradictions are extra InfoNCE columns."""
+
+    def __init__(self, model_name_or_path: str, templates: list[str] = BERT_TEMPLATES[1:], **kwargs):
+        kwargs.setdefault("load_mlm_head", True)
+        super().__init__(model_name_or_path, list(templates)[:1], **kwargs)
+        config = self.transformer.config
+        self.head = MLMTransformHead(config.hidden_size, getattr(config, "hidden_act", "gelu"),
+                                     getattr(config, "layer_norm_eps", 1e-12))
+        self.head_initialised_from_checkpoint = self._init_head_from_checkpoint()
+        self.pooler = MaskPooler("mask", denoise=True, head=self.head)
+
+    def _init_head_from_checkpoint(self) -> bool:
+        model = self.mlm_model
+        transform = getattr(getattr(getattr(model, "cls", None), "predictions", None), "transform", None)
+        missing = [k for k in self.loading_info["missing_keys"] if "transform" in k] if model is not None else [1]
+        if transform is None or missing:
+            return False
+        self.head.load_from_mlm_transform(transform)
+        return True
+
+    def contrastive_views(self, batch: list[tuple[str, str, str]]):
+        sentences = [s for triplet in batch for s in triplet]
+        pooled = self.pooled(sentences, self.builders[0], self.pooler).view(len(batch), 3, -1)
+        return pooled[:, 0], pooled[:, 1], pooled[:, 2]
+
+    def eval_poolers(self) -> list[Pooler]:
+        return [self.pooler, build_pooler("avg")]
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["head_initialised_from_checkpoint"] = self.head_initialised_from_checkpoint
+
+

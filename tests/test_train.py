@@ -1,0 +1,180 @@
+"""train.py configs end to end on a tiny BERT: every experiment with fast_dev_run, resume, NaN stop, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from common.errors import ConfigError, DataError
+from data.corpora import read_nli_csv, read_text_lines, sick_triplets
+from data.datamodules import TextLinesDataModule
+from lightning_modules.base import NonFiniteLossError
+from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
+from tests.conftest import REPO
+from training.runner import experiment_names, train
+
+WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
+
+
+def compose_train(overrides):
+    with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+@pytest.fixture()
+def nli_csv(tmp_path) -> Path:
+    path = tmp_path / "nli.csv"
+    rows = [("a man plays a guitar", "a person plays music", "nobody plays anything"),
+            ("a dog runs outside", "an animal is moving", "the dog sleeps"),
+            ("two kids are eating", "children eat food", "the kids are starving"),
+            ("a woman slices onions", "someone cuts vegetables", "a woman is sleeping")] * 2
+    path.write_text("sent0,sent1,hard_neg\n" + "".join(",".join(r) + "\n" for r in rows))
+    return path
+
+
+def tiny_overrides(name, tiny_bert, root, out, nli_csv):
+    cfg = compose_train([f"experiment={name}"])
+    overrides = [f"experiment={name}", f"module.model_name_or_path={tiny_bert}", f"data_root={root}",
+                 f"output_dir={out}", "trainer.accelerator=cpu", "trainer.precision=32-true",
+                 "callbacks.sts_evaluation.final_tasks=[STSBenchmark]", "data.batch_size=4", "data.num_workers=0"]
+    if cfg.data._target_.endswith("TextLinesDataModule"):
+        overrides += ["data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64"]
+    elif cfg.data.format == "nli_csv":
+        overrides += ["data.download=null", f"data.file={nli_csv}"]
+    return overrides
+
+
+def test_experiment_list():
+    assert experiment_names() == ["optiprompt", "promptbert_sup", "promptbert_unsup", "quickstart_optiprompt",
+                                  "quickstart_sup", "quickstart_unsup"]
+
+
+@pytest.mark.parametrize("name", experiment_names())
+def test_every_experiment_runs_fast_dev_run(name, tiny_bert, real_data_root, tmp_path, nli_csv):
+    out = tmp_path / "out"
+    cfg = compose_train([*tiny_overrides(name, tiny_bert, real_data_root, out, nli_csv), "trainer.fast_dev_run=true"])
+    trainer = train(cfg)
+    assert trainer.state.finished and trainer.global_step == 1
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["scores"]) == {"mask", "avg"}
+    assert -100 <= results["scores"]["mask"]["STSBenchmark"] <= 100
+    assert results["provenance"]["input"]["template"].count("[MASK]") >= 1
+    assert results["provenance"]["config"]["module"]["_target_"] == cfg.module._target_
+
+
+def test_published_recipes_keep_their_hyperparameters():
+    unsup, sup, opti = (compose_train([f"experiment={n}"]) for n in ("promptbert_unsup", "promptbert_sup",
+                                                                     "optiprompt"))
+    assert (unsup.module.lr, unsup.data.batch_size, unsup.trainer.max_epochs, unsup.eval_every_n_steps) == (
+        1e-5, 256, 1, 125)
+    assert unsup.module.model_name_or_path == "bert-base-uncased" and unsup.module.temperature == 0.05
+    assert (sup.module.lr, sup.data.batch_size, sup.trainer.max_epochs) == (5e-5, 512, 3)
+    assert (opti.module.lr, opti.data.batch_size, opti.trainer.max_epochs) == (3e-5, 256, 5)
+
+
+def test_resume_continues_from_the_saved_step(tiny_bert, real_data_root, tmp_path, nli_csv):
+    out = tmp_path / "out"
+    base = [*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, nli_csv), "eval_every_n_steps=2",
+            "callbacks.sts_evaluation.score_best_at_end=false"]
+    first = train(compose_train([*base, "trainer.max_steps=4"]))
+    assert first.global_step == 4
+    last = out / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == 4
+    second = train(compose_train([*base, "trainer.max_steps=6", f"ckpt_path={last}"]))
+    assert second.global_step == 6
+    history = next(c for c in second.callbacks if type(c).__name__ == "STSEvaluationCallback").history
+    assert [point["step"] for point in history] == [6]  # no re-evaluation of step 0: it resumed at 4
+
+
+def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tiny_bert, real_data_root, tmp_path,
+                                                                         nli_csv, monkeypatch):
+    import lightning_modules.base as base_module
+
+    real, calls = base_module.info_nce, {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 3 else loss
+
+    monkeypatch.setattr(base_module, "info_nce", poisoned)
+    out = tmp_path / "out"
+    cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, nli_csv),
+                         "eval_every_n_steps=2", "trainer.max_steps=5"])
+    with pytest.raises(NonFiniteLossError, match="loss is nan at step 2; stopped before the optimiser step"):
+        train(cfg)
+    saved = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 2
+    assert all(torch.isfinite(t).all() for t in saved["state_dict"].values() if t.is_floating_point())
+
+
+def run_train(*overrides):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "train.py", *overrides], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_unknown_experiment_lists_valid_ones():
+    proc = run_train("experiment=nope")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: unknown experiment 'nope'; valid experiments: optiprompt, promptbert_sup, "
+                                   "promptbert_unsup, quickstart_optiprompt, quickstart_sup, quickstart_unsup")
+
+
+def test_template_without_mask_is_a_config_error(tiny_bert):
+    with pytest.raises(ConfigError, match=r"PromptBERTUnsup needs a \[MASK\] in the template"):
+        PromptBERTUnsup(str(tiny_bert), templates=['This sentence : "[X]" .', 'This "[X]" means [MASK] .'])
+
+
+def test_global_batch_must_divide_by_world_size():
+    class FakeTrainer:
+        world_size = 4
+
+    module = TextLinesDataModule(files=["x"], batch_size=6)
+    module.trainer = FakeTrainer()
+    with pytest.raises(ConfigError, match="global batch size 6 is not divisible by the world size 4"):
+        _ = module.per_device_batch_size
+    FakeTrainer.world_size = 2
+    assert module.per_device_batch_size == 3
+
+
+def test_nli_file_with_missing_columns(tmp_path):
+    path = tmp_path / "nli.csv"
+    path.write_text("sent0,sent1\na,b\n")
+    expected = r"nli\.csv: missing column\(s\) hard_neg; expected a header sent0,sent1,hard_neg"
+    with pytest.raises(DataError, match=expected):
+        read_nli_csv(path)
+
+
+def test_empty_corpus(tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_text("\n  \n")
+    with pytest.raises(DataError, match="empty corpus: no non-blank line in"):
+        read_text_lines([path])
+
+
+def test_sick_triplets_are_entailment_pairs_with_contradiction_partners(real_data_root):
+    triplets = sick_triplets(real_data_root / "downstream/SICK/SICK_train.txt")
+    rows = [line.rstrip("\n").split("\t") for line in
+            (real_data_root / "downstream/SICK/SICK_train.txt").read_text().splitlines()[1:]]
+    entail = {(r[1], r[2]) for r in rows if r[4] == "ENTAILMENT"}
+    contra = {frozenset((r[1], r[2])) for r in rows if r[4] == "CONTRADICTION"}
+    assert len(triplets) == 494
+    for premise, positive, negative in triplets:
+        assert (premise, positive) in entail
+        assert frozenset((premise, negative)) in contra or frozenset((positive, negative)) in contra
+
+
+def test_supervised_head_initialised_from_checkpoint_mlm_head(tiny_bert):
+    from transformers import BertForMaskedLM
+
+    module = PromptBERTSup(str(tiny_bert))
+    reference = BertForMaskedLM.from_pretrained(tiny_bert).cls.predictions.transform
+    assert module.head_initialised_from_checkpoint
+    torch.testing.assert_close(module.head.dense.weight, reference.dense.weight)
+    torch.testing.assert_close(module.head.layer_norm.weight, reference.LayerNorm.weight)

@@ -1,0 +1,22 @@
+"""Train a prompt-based sentence encoder: `python train.py experiment=promptbert_unsup [trainer=gpu]`."""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from common.cli import quote_free_text_overrides
+from common.errors import exit_on_user_error
+from training.runner import check_experiment_overrides, train
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+@exit_on_user_error
+def main(cfg: DictConfig) -> None:
+    train(cfg)
+
+
+if __name__ == "__main__":
+    exit_on_user_error(check_experiment_overrides)(sys.argv[1:])
+    sys.argv = quote_free_text_overrides(sys.argv)
+    main()
