@@ -8,8 +8,13 @@ from typing import Any
 from common.errors import ConfigError
 from poolers.base import Pooler
 from poolers.cls import CLSPooler
+from poolers.ditto import DittoPooler
+from poolers.idf import IdfPooler
 from poolers.mask import MaskPooler
+from poolers.mask_topk import MaskTopKPooler
 from poolers.mean import MeanPooler
+from poolers.remove_biases import RemoveBiasesPooler
+from poolers.sbert_wk import SBERTWKPooler
 from poolers.static import StaticPooler
 
 _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
@@ -19,6 +24,12 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "avg": (MeanPooler, {"templated": True}),
     "static": (StaticPooler, {}),
     "mask": (MaskPooler, {}),
+    "mask_topk": (MaskTopKPooler, {}),
+    "ditto": (DittoPooler, {}),
+    "sbert_wk": (SBERTWKPooler, {}),
+    "idf": (IdfPooler, {}),
+    "remove_biases": (RemoveBiasesPooler, {}),
+    "remove_biases_contextual": (RemoveBiasesPooler, {"variant": "contextual"}),
 }
 POOLER_NAMES = tuple(_REGISTRY)
 
