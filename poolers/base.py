@@ -53,9 +53,11 @@ class Pooler(ABC):
     def check_model(self, config) -> None:
         """Raise `ConfigError` if this pooler cannot run on a model with this Hugging Face config (before any
         forward pass). Most poolers are checked through `needs` alone."""
+        return None
 
     def bind_tokenizer(self, tokenizer) -> None:
         """Give the pooler the tokenizer, for poolers whose token weights depend on the vocabulary."""
+        return None
 
     def describe(self) -> dict:
         """Provenance record: type, layers, input form and own arguments of this pooler."""

@@ -32,7 +32,8 @@ class DittoPooler(Pooler):
     Choose the head for a new model with `scripts/ditto_head_search.py` (grid over all layer x head on STS-B dev).
     """
 
-    def __init__(self, name: str = "ditto", layer: int = 0, head: int = 9, layers: tuple[int, ...] | list[int] = (0, -1)):
+    def __init__(self, name: str = "ditto", layer: int = 0, head: int = 9,
+                 layers: tuple[int, ...] | list[int] = (0, -1)):
         super().__init__(name)
         self.layer, self.head, self.layers = int(layer), int(head), tuple(layers)
 

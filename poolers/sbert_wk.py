@@ -50,7 +50,8 @@ def layer_weights(features: torch.Tensor, window: int, method: str = "gram") -> 
     """α_k per token: `features` [N, K, D] (K layers) -> [N, K].
 
     For layer k with window matrix W (rows: window layers, k last) and R = qr(Wᵀ).R, r = R[:, -1]:
-    novelty_k = |r_last| / ‖r‖;  alignment_k = 1 / (mean_col(normalise_cols(R[:-1,:-1])) · R[:-1,-1] / ‖r[:-1]‖ · rows · 2).
+    novelty_k = |r_last| / ‖r‖;
+    alignment_k = 1 / (mean_col(normalise_cols(R[:-1,:-1])) · R[:-1,-1] / ‖r[:-1]‖ · rows · 2).
     Each is normalised to sum 1 over k, the two are summed and renormalised.
     """
     num_layers = features.shape[-2]
