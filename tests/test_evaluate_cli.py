@@ -139,3 +139,36 @@ def test_missing_model_directory(real_data_root, tmp_path):
     proc = evaluate(f"model.name_or_path={tmp_path / 'no_model'}", f"output_dir={tmp_path / 'out'}",
                     data_root=real_data_root)
     assert_one_line_error(proc, r"model directory .*no_model does not exist", tmp_path / "out")
+
+
+def test_weighted_poolers_and_post_processors_from_the_cli(mini_data, tiny_bert, tmp_path):
+    root, registry = mini_data
+    out = tmp_path / "out"
+    proc = evaluate(f"model.name_or_path={tiny_bert}", "poolers=[ditto,sbert_wk,idf,remove_biases]",
+                    "+pooler_args.ditto.head=1", "+pooler_args.sbert_wk.layer_start=1", "post=[quantile_u,abtt]",
+                    "+post_args.abtt.k=1", "analysis=true", "tasks=[MINI12,MINI-B,MINI-SICK]",
+                    f"task_registry={registry}", f"output_dir={out}", data_root=root)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert "ditto+quantile_u(T)" in results["scores"] and "idf(T)+abtt(T)" in results["scores"]
+    prov = results["provenance"]
+    assert prov["fit_corpus"] == "T" and prov["model"]["attention"] == "eager"
+    assert prov["poolers"]["ditto"]["attention_head"] == 1 and prov["poolers"]["idf(T)"]["fit_corpus"] == "T"
+    assert prov["post_processing"]["sbert_wk+abtt(T)"]["k"] == 1
+    assert prov["forward_sequences"] == prov["unique_sentences"]  # one plain form, one forward per sentence
+    assert set(results["analysis"]["idf(T)"]["MINI-B"]) >= {"anisotropy", "alignment", "uniformity", "isoscore"}
+    assert "| idf(T)+quantile_u(T) |" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [(["poolers=[ditto]", "+pooler_args.ditto.head=4"], r"ditto layer 0 / head 4 is out of range"),
+     (["post=[zscore]", "fit_corpus=W"], r"fit corpus 'W': file .*wiki1m_for_simcse\S* does not exist"),
+     (["post=[zscore]", "fit_corpus=wiki"], r"unknown fit corpus 'wiki'"),
+     (["post=[pca]"], r"unknown post-processor 'pca'; valid: quantile_u, zscore, whiten, abtt, normalize")],
+)
+def test_pooler_and_post_errors(overrides, pattern, mini_data, tiny_bert, tmp_path):
+    root, registry = mini_data
+    proc = evaluate(f"model.name_or_path={tiny_bert}", "tasks=[MINI-B]", f"task_registry={registry}",
+                    f"output_dir={tmp_path / 'out'}", *overrides, data_root=root)
+    assert_one_line_error(proc, pattern, tmp_path / "out")
