@@ -3,6 +3,8 @@ by Dissecting BERT-based Word Models", Sec. IV, Eq. 9-15), batched over sentence
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from common.errors import ConfigError
@@ -33,32 +35,40 @@ def upper_cholesky(gram: torch.Tensor) -> torch.Tensor:
     return factor
 
 
-def r_factor(window: torch.Tensor, method: str) -> torch.Tensor:
-    """R of the reduced QR of `window`ᵀ, for `window` [..., r, D] (rows = layers).
+def r_factors(layers: torch.Tensor, gram: torch.Tensor, method: str) -> Callable[[list[int]], torch.Tensor]:
+    """rows -> R of the reduced QR of Wᵀ, W = the window matrix of those layer rows, for every token at once.
 
-    `qr`: torch.linalg.qr on the batched [D, r] matrices (Householder, as numpy). `gram`: Cholesky of the r x r Gram
-    matrix, which is the same R up to the sign of each row — and every SBERT-WK quantity below is invariant to row
-    signs (novelty uses |r_last| and ‖r‖; alignment multiplies row i of R[:-1,:-1] by R[i,-1]) — but avoids
-    torch's per-matrix LAPACK loop, which makes it ~100x faster on CPU.
+    `qr`: torch.linalg.qr on the batched [D, r] matrices (Householder, as numpy). `gram` (default): Cholesky of the
+    r x r sub-matrix of the token's layer Gram matrix, which is the same R up to the sign of each row — and every
+    SBERT-WK quantity is invariant to row signs (novelty uses |r_last| and ‖r‖; alignment multiplies row i of
+    R[:-1,:-1] by R[i,-1]). It needs one Gram product for all layers instead of a LAPACK call per token and layer.
     """
     if method == "qr":
-        return torch.linalg.qr(window.transpose(-1, -2), mode="r").R
-    return upper_cholesky(window @ window.transpose(-1, -2))
+        def by_qr(rows: list[int]) -> torch.Tensor:
+            index = torch.tensor(rows, device=layers.device)
+            return torch.linalg.qr(layers.index_select(-2, index).transpose(-1, -2), mode="r").R
+
+        return by_qr
+
+    def by_gram(rows: list[int]) -> torch.Tensor:
+        index = torch.tensor(rows, device=gram.device)
+        return upper_cholesky(gram.index_select(-2, index).index_select(-1, index))
+
+    return by_gram
 
 
-def layer_weights(features: torch.Tensor, window: int, method: str = "gram") -> torch.Tensor:
-    """α_k per token: `features` [N, K, D] (K layers) -> [N, K].
+def layer_weights(r_of: Callable[[list[int]], torch.Tensor], num_layers: int, window: int) -> torch.Tensor:
+    """α_k per token -> [..., K], given `r_of(rows)` = R factors [..., r, r] of the window matrices.
 
     For layer k with window matrix W (rows: window layers, k last) and R = qr(Wᵀ).R, r = R[:, -1]:
     novelty_k = |r_last| / ‖r‖;
     alignment_k = 1 / (mean_col(normalise_cols(R[:-1,:-1])) · R[:-1,-1] / ‖r[:-1]‖ · rows · 2).
     Each is normalised to sum 1 over k, the two are summed and renormalised.
     """
-    num_layers = features.shape[-2]
     novelty, alignment = [], []
     for k in range(num_layers):
         rows = window_layers(k, num_layers, window)
-        big_r = r_factor(features[..., rows, :], method)
+        big_r = r_of(rows)
         r = big_r[..., :, -1]
         novelty.append(r[..., -1].abs() / r.norm(dim=-1))
         top = big_r[..., :-1, :-1]
@@ -71,28 +81,25 @@ def layer_weights(features: torch.Tensor, window: int, method: str = "gram") -> 
     return alpha / alpha.sum(-1, keepdim=True)
 
 
-def token_variance(features: torch.Tensor) -> torch.Tensor:
-    """Variance (ddof 0) of the cosine similarities of adjacent layers (offset-1 diagonal): [N, K, D] -> [N]."""
-    unit = torch.nn.functional.normalize(features, dim=-1)
-    adjacent = (unit[..., 1:, :] * unit[..., :-1, :]).sum(-1)
+def adjacent_cosine_variance(gram: torch.Tensor) -> torch.Tensor:
+    """Variance (ddof 0) over k of cos(h^(k), h^(k+1)) (the offset-1 diagonal of the layer cosine matrix), from the
+    Gram matrices [..., K, K] -> [...]."""
+    norms = gram.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
+    adjacent = gram.diagonal(offset=1, dim1=-2, dim2=-1) / (norms[..., 1:] * norms[..., :-1]).clamp_min(1e-300)
     return adjacent.var(dim=-1, unbiased=False)
 
 
 def sbert_wk_embed(layers: torch.Tensor, tokens: torch.Tensor, window: int = 2, method: str = "gram") -> torch.Tensor:
-    """Sentence embeddings from `layers` [B, K, T, D] (the K layers from layer_start to the last) and the boolean
-    `tokens` [B, T] that take part; computed in float64 -> [B, D]."""
-    features = layers.double().permute(0, 2, 1, 3)  # [B, T, K, D]
-    flat = features.reshape(-1, *features.shape[2:])
-    selected = tokens.reshape(-1)
-    alpha = torch.zeros(flat.shape[:2], dtype=flat.dtype, device=flat.device)
-    variance = torch.zeros(flat.shape[0], dtype=flat.dtype, device=flat.device)
-    # Padding and excluded tokens are dropped before any QR, so they cannot produce NaNs.
-    alpha[selected] = layer_weights(flat[selected], window, method)
-    variance[selected] = token_variance(flat[selected])
-    unified = (alpha.unsqueeze(-1) * flat).sum(1).view(*features.shape[:2], -1)  # [B, T, D]
-    variance = variance.view(tokens.shape)
+    """Sentence embeddings from `layers` [B, T, K, D] (per token, the K layers from layer_start to the last) and the
+    boolean `tokens` [B, T] that take part; float64, all tokens at once, no copies of `layers` -> [B, D]."""
+    layers = layers.double()
+    gram = layers @ layers.transpose(-1, -2)  # [B, T, K, K]: all that the weights depend on
+    alpha = layer_weights(r_factors(layers, gram, method), layers.shape[2], window)  # [B, T, K]
+    unified = (torch.where(tokens.unsqueeze(-1), alpha, 0.0).unsqueeze(-2) @ layers).squeeze(-2)  # [B, T, D]
+    # Excluded tokens ([SEP], padding) may give NaN weights; `where` drops them before they can spread.
+    variance = torch.where(tokens, adjacent_cosine_variance(gram), 0.0)
     weights = variance / variance.sum(-1, keepdim=True)
-    return (weights.unsqueeze(-1) * unified).sum(1)
+    return (weights.unsqueeze(-2) @ unified).squeeze(-2)
 
 
 class SBERTWKPooler(Pooler):
@@ -130,7 +137,7 @@ class SBERTWKPooler(Pooler):
 
     def __call__(self, out: EncoderOutput) -> torch.Tensor:
         start = normalize_layer(self.layer_start, out.num_layers)
-        layers = torch.stack([out.layer(k) for k in range(start, out.num_layers + 1)], dim=1)
+        layers = torch.stack([out.layer(k) for k in range(start, out.num_layers + 1)], dim=2)  # [B, T, K, D]
         lengths = out.attention_mask.sum(1, keepdim=True)
         positions = torch.arange(out.attention_mask.shape[1], device=lengths.device)
         tokens = positions.unsqueeze(0) < lengths - 1

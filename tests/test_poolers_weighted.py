@@ -90,7 +90,7 @@ def test_sbert_wk_batched_equals_per_token_loop(method, num_layers, window):
     layers += torch.randn(3, 1, 7, 16, generator=generator, dtype=torch.float64) * 2  # correlated across layers
     lengths = [7, 4, 2]
     tokens = torch.arange(7).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
-    got = sbert_wk_embed(layers, tokens, window, method).numpy()
+    got = sbert_wk_embed(layers.permute(0, 2, 1, 3), tokens, window, method).numpy()
     for b, n in enumerate(lengths):
         want = sbert_wk_sentence_loop(layers[b, :, :n].numpy(), window)
         np.testing.assert_allclose(got[b], want, rtol=1e-9, atol=1e-10)
