@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -22,21 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
+from bench.timing import best_time
 from data.root import resolve_data_root
 from data.tasks import get_tasks
 from encoder.inputs import InputForm, collate
 from encoder.model import Encoder, combine_needs
 from poolers.sbert_wk import SBERTWKPooler, sbert_wk_embed
 from tests.oracles import sbert_wk_sentence_loop
-
-
-def best_of(fn, repeats: int):
-    result, best = None, float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def main() -> None:
@@ -72,9 +63,9 @@ def main() -> None:
         return np.stack([sbert_wk_sentence_loop(layers[b, : int(n) - 1].transpose(0, 1).numpy(), args.window)
                          for layers, _, lengths in batches for b, n in enumerate(lengths)])
 
-    gram_s, gram = best_of(lambda: batched("gram"), 3)
-    qr_s, qr = best_of(lambda: batched("qr"), 3)
-    loop_s, loop = best_of(loop, 1)
+    gram_s, gram = best_time(lambda: batched("gram"), 3)
+    qr_s, qr = best_time(lambda: batched("qr"), 3)
+    loop_s, loop = best_time(loop, 1, warm_up=False)
     token_count = sum(int(tokens.sum()) for _, tokens, _ in batches)
     num_layers = batches[0][0].shape[2]
     print(f"{len(sentences)} sentences, {token_count} tokens, {num_layers} layers (from {args.layer_start}), "

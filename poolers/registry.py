@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from common.errors import ConfigError
+from common.registry import build_named
 from poolers.base import Pooler
 from poolers.cls import CLSPooler
 from poolers.ditto import DittoPooler
@@ -35,13 +36,7 @@ POOLER_NAMES = tuple(_REGISTRY)
 
 
 def build_pooler(name: str, **overrides: Any) -> Pooler:
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown pooler {name!r}; valid poolers: {', '.join(POOLER_NAMES)}")
-    cls, defaults = _REGISTRY[name]
-    try:
-        return cls(name=name, **{**defaults, **overrides})
-    except TypeError as err:
-        raise ConfigError(f"bad arguments for pooler {name!r}: {err}") from None
+    return build_named(_REGISTRY, "pooler", "valid poolers", name, overrides)
 
 
 def build_poolers(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pooler]:

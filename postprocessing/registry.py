@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from common.errors import ConfigError
+from common.registry import build_named
 from postprocessing.abtt import AllButTheTop
 from postprocessing.base import PostProcessor
 from postprocessing.normalize import Normalize
@@ -24,13 +25,7 @@ POST_NAMES = tuple(_REGISTRY)
 
 
 def build_post(name: str, **overrides: Any) -> PostProcessor:
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown post-processor {name!r}; valid: {', '.join(POST_NAMES)}")
-    cls, defaults = _REGISTRY[name]
-    try:
-        return cls(name=name, **{**defaults, **overrides})
-    except TypeError as err:
-        raise ConfigError(f"bad arguments for post-processor {name!r}: {err}") from None
+    return build_named(_REGISTRY, "post-processor", "valid", name, overrides)
 
 
 def build_posts(names: list[str], post_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[PostProcessor]:

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer, BertForMaskedLM
+from transformers import BertForMaskedLM
 
 from common.errors import ConfigError
 from encoder.model import Encoder
@@ -13,6 +13,7 @@ from encoder.template import Template
 from poolers import build_pooler
 from poolers.remove_biases import BERT_UNCASED_TOP36
 from poolers.sbert_wk import sbert_wk_embed, window_layers
+from tests.helpers import reference_runner
 from tests.oracles import sbert_wk_sentence_loop
 
 SENTENCES = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog near the river bank",
@@ -27,24 +28,14 @@ def eager(tiny_bert):
 
 @pytest.fixture(scope="module")
 def run(tiny_bert):
-    model = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
-    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
-
-    def forward(text):
-        ids = tokenizer(text)["input_ids"]
-        with torch.no_grad():
-            out = model(torch.tensor([ids]), output_hidden_states=True, output_attentions=True)
-        return (ids, [h[0].double().numpy() for h in out.hidden_states],
-                [a[0].double().numpy() for a in out.attentions], model, tokenizer)
-
-    return forward
+    return reference_runner(tiny_bert)
 
 
 def test_ditto_matches_token_loop(eager, run):
     pooler = build_pooler("ditto", layer=1, head=2)
     got = eager.embed(SENTENCES, [pooler])["ditto"]
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, attentions, _, _ = run(sentence)
+        ids, hidden, attentions = run[2](sentence)
         want = np.zeros(hidden[0].shape[1])
         for i in range(len(ids)):
             want += attentions[1][2, i, i] * (hidden[0][i] + hidden[-1][i]) / 2  # not normalised
@@ -100,7 +91,7 @@ def test_sbert_wk_pooler_on_model_outputs(tiny_bert, run):
     encoder = Encoder(str(tiny_bert), batch_size=3, progress=False)
     got = encoder.embed(SENTENCES, [build_pooler("sbert_wk", layer_start=0)])["sbert_wk"]
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, _, _, _ = run(sentence)
+        ids, hidden, _ = run[2](sentence)
         features = np.stack(hidden)[:, : len(ids) - 1]  # layers 0..L, all tokens but the last ([SEP])
         np.testing.assert_allclose(got[row], sbert_wk_sentence_loop(features, 2), atol=2e-5, rtol=1e-4)
     with pytest.raises(ConfigError, match="sbert_wk needs at least 3 layers"):
@@ -119,7 +110,7 @@ def test_idf_matches_hand_counts(tiny_bert, run):
     assert pooler.label == "idf(mini)" and pooler.describe()["fit_corpus"] == "mini"
     got = encoder.embed(SENTENCES, [pooler])["idf"]
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, _, _, _ = run(sentence)
+        ids, hidden, _ = run[2](sentence)
         weights = [pooler.idf[i].item() for i in ids]
         want = sum(w * hidden[-1][t] for t, w in enumerate(weights)) / sum(weights)
         np.testing.assert_allclose(got[row], want, atol=2e-5, rtol=1e-4)
@@ -133,7 +124,8 @@ def test_remove_biases_matches_token_loop(tiny_bert, run):
     poolers = [build_pooler("remove_biases"), build_pooler("remove_biases_contextual")]
     got = encoder.embed([*SENTENCES, "a man ."], poolers)
     for row, sentence in enumerate([*SENTENCES, "a man ."]):
-        ids, hidden, _, model, tokenizer = run(sentence)
+        model, tokenizer, forward = run
+        ids, hidden, _ = forward(sentence)
         tokens = tokenizer.convert_ids_to_tokens(ids)
         kept = [t for t, tok in enumerate(tokens) if tok not in BERT_UNCASED_TOP36 and not tok.startswith("##")
                 and not all(not ch.isalnum() for ch in tok) and tok not in ("[CLS]", "[SEP]")]
