@@ -17,10 +17,11 @@ from data.tasks import REGISTRY_FILE, get_tasks, load_registry
 from encoder.model import Encoder, combine_needs
 from encoder.template import SENTENCE_RULES, Template
 from evaluation.analysis import analyse_task
-from evaluation.corpora import Corpora
+from evaluation.corpora import TARGET, Corpora
 from evaluation.report import markdown_table, software_versions, utc_timestamp, write_report
 from evaluation.sts import evaluate_sts
 from poolers import build_pooler, build_poolers
+from poolers.fitted import CorpusFittedPooler
 from postprocessing import build_posts
 
 MODES = ("score", "encode")
@@ -110,6 +111,14 @@ def encode(cfg: DictConfig) -> np.ndarray:
     pooler = build_pooler(str(cfg.pooler), **OmegaConf.to_container(cfg.pooler_args).get(str(cfg.pooler), {}))
     sentences = read_sentences(Path(cfg.input))
     encoder = build_encoder(cfg, [pooler])
+    if isinstance(pooler, CorpusFittedPooler):
+        # "T" is the input file itself; any other label is resolved as for scoring
+        label = pooler.corpus or str(cfg.fit_corpus)
+        Corpora.check_label(label)
+        fit_sentences = sentences if label == TARGET else Corpora(
+            resolve_data_root(cfg.data_root), load_registry(Path(cfg.task_registry or REGISTRY_FILE))
+        ).sentences(label)
+        pooler.fit(label, fit_sentences, encoder.tokenizer)
     embeddings = encoder.embed(sentences, [pooler], template, cfg.sentence_rule, cfg.max_sentence_tokens)[pooler.name]
     embeddings = embeddings.astype(np.float32)
     output = Path(cfg.output)

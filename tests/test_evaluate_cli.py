@@ -77,6 +77,19 @@ def test_encode_mode_matches_library(tiny_bert, tmp_path):
     assert json.loads((tmp_path / "emb.npy.json").read_text())["rows"] == 3
 
 
+def test_encode_mode_fits_idf_on_the_input_file(tiny_bert, tmp_path):
+    sentences = ["a man is playing a guitar .", "the cat sat on the mat .", "a dog"]
+    (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
+    out = tmp_path / "emb.npy"
+    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", "pooler=idf", f"input={tmp_path / 'in.txt'}",
+                    f"output={out}")
+    assert proc.returncode == 0, proc.stderr
+    encoder = Encoder(str(tiny_bert), progress=False)
+    pooler = build_pooler("idf").fit("T", sentences, encoder.tokenizer)
+    np.testing.assert_allclose(np.load(out), encoder.embed(sentences, [pooler])["idf"], atol=1e-6)
+    assert json.loads((tmp_path / "emb.npy.json").read_text())["provenance"]["poolers"]["idf"]["fit_corpus"] == "T"
+
+
 def test_encode_empty_input_file(tiny_bert, tmp_path):
     (tmp_path / "empty.txt").write_text("")
     out = tmp_path / "emb.npy"
