@@ -49,7 +49,9 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
     )
 
 
-def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poolers, seed: int) -> dict:
+def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poolers, seed: int,
+               versions: dict | None = None) -> dict:
+    """`versions` as taken when the run started (the project commit may move while a long run is going)."""
     return {
         "model": encoder.describe(),
         "input": {
@@ -62,7 +64,7 @@ def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poo
         "seed": seed,
         "batch_size": encoder.batch_size,
         "device": str(encoder.device),
-        "versions": software_versions(),
+        "versions": versions or software_versions(),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "timestamp": utc_timestamp(),
     }
@@ -79,12 +81,12 @@ def score(cfg: DictConfig) -> dict:
     root = resolve_data_root(cfg.data_root)
     corpora = Corpora(root, registry)
     corpora.check_label(str(cfg.fit_corpus))
-    started = time.perf_counter()
+    started, versions = time.perf_counter(), software_versions()
     encoder = build_encoder(cfg, poolers)
     result = evaluate_sts(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens,
                           posts=posts, fit_corpus=str(cfg.fit_corpus), corpora=corpora,
                           analyse=analyse_task if cfg.analysis else None)
-    prov = provenance(cfg, encoder, template, poolers, int(cfg.seed))
+    prov = provenance(cfg, encoder, template, poolers, int(cfg.seed), versions)
     prov["poolers"] = result.pop("poolers")
     prov["post_processing"] = result.pop("post_processing")
     prov["fit_corpus"] = str(cfg.fit_corpus)

@@ -63,31 +63,32 @@ def test_score_writes_results_with_provenance(mini_data, tiny_bert, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "results.png"]
 
 
-def test_encode_mode_matches_library(tiny_bert, tmp_path):
-    sentences = ["a man is playing a guitar .", "the cat sat on the mat .", "hello"]
+def encode_file(tiny_bert, tmp_path, pooler, sentences):
+    """Run evaluate.py mode=encode on `sentences`; return (embeddings, provenance record)."""
     (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
     out = tmp_path / "emb.npy"
-    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", "pooler=mean", f"input={tmp_path / 'in.txt'}",
-                    f"output={out}")
+    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", f"pooler={pooler}",
+                    f"input={tmp_path / 'in.txt'}", f"output={out}")
     assert proc.returncode == 0, proc.stderr
-    embeddings = np.load(out)
+    return np.load(out), json.loads((tmp_path / "emb.npy.json").read_text())
+
+
+def test_encode_mode_matches_library(tiny_bert, tmp_path):
+    sentences = ["a man is playing a guitar .", "the cat sat on the mat .", "hello"]
+    embeddings, record = encode_file(tiny_bert, tmp_path, "mean", sentences)
     assert embeddings.shape == (3, 32) and embeddings.dtype == np.float32
     direct = Encoder(str(tiny_bert), progress=False).embed(sentences, [build_pooler("mean")])["mean"]
     np.testing.assert_allclose(embeddings, direct, atol=1e-6)
-    assert json.loads((tmp_path / "emb.npy.json").read_text())["rows"] == 3
+    assert record["rows"] == 3
 
 
 def test_encode_mode_fits_idf_on_the_input_file(tiny_bert, tmp_path):
     sentences = ["a man is playing a guitar .", "the cat sat on the mat .", "a dog"]
-    (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
-    out = tmp_path / "emb.npy"
-    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", "pooler=idf", f"input={tmp_path / 'in.txt'}",
-                    f"output={out}")
-    assert proc.returncode == 0, proc.stderr
+    embeddings, record = encode_file(tiny_bert, tmp_path, "idf", sentences)
     encoder = Encoder(str(tiny_bert), progress=False)
     pooler = build_pooler("idf").fit("T", sentences, encoder.tokenizer)
-    np.testing.assert_allclose(np.load(out), encoder.embed(sentences, [pooler])["idf"], atol=1e-6)
-    assert json.loads((tmp_path / "emb.npy.json").read_text())["provenance"]["poolers"]["idf"]["fit_corpus"] == "T"
+    np.testing.assert_allclose(embeddings, encoder.embed(sentences, [pooler])["idf"], atol=1e-6)
+    assert record["provenance"]["poolers"]["idf"]["fit_corpus"] == "T"
 
 
 def test_encode_empty_input_file(tiny_bert, tmp_path):
