@@ -154,3 +154,16 @@ def test_mask_topk_matches_loop(tiny_bert):
     plain = Encoder(str(tiny_bert), progress=False)
     with pytest.raises(ConfigError, match="needs the MLM head"):
         plain.embed(["x"], [build_pooler("mask_topk")], Template(PROMPT))
+
+
+def test_model_that_cannot_load_eager_attention_is_a_config_error(tiny_bert, monkeypatch):
+    from transformers import AutoModel as Auto
+
+    def refuse(*args, **kwargs):
+        raise ValueError("FancyModel does not support an attention implementation through eager yet")
+
+    monkeypatch.setattr(Auto, "from_pretrained", refuse)
+    with pytest.raises(ConfigError, match=r"cannot return attention probabilities \(FancyModel does not support"):
+        Encoder(str(tiny_bert), attentions=True, progress=False)
+    with pytest.raises(ValueError, match="FancyModel"):  # without attentions, an unrelated ValueError stays one
+        Encoder(str(tiny_bert), progress=False)
