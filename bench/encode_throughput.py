@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
+from bench.timing import best_time
 from data.root import resolve_data_root
 from data.tasks import get_tasks
 from encoder.model import Encoder, resolve_model_path
@@ -35,16 +35,6 @@ def benchmark_sentences(root: Path, count: int, seed: int = 0) -> list[str]:
     sentences = list(unique)
     random.Random(seed).shuffle(sentences)
     return sentences[:count]
-
-
-def best_time(fn, repeats: int) -> tuple[float, np.ndarray]:
-    fn_result = fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn_result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, fn_result
 
 
 def main() -> None:

@@ -111,3 +111,16 @@ def read_sick(path: Path, subset: str) -> SentencePairs:
     if not lines or not lines[0].startswith("pair_ID"):
         raise DataError(f"{path}:1: expected the SICK header line starting with 'pair_ID'")
     return _read_columns(path, lines[1:], 2, 4, subset, columns=(1, 2, 3))
+
+
+def read_sentences(path: Path) -> list[str]:
+    """A text file with one sentence per line (no blank lines)."""
+    if not path.is_file():
+        raise DataError(f"input file {path} does not exist")
+    lines = _read_lines(path)
+    if not lines:
+        raise DataError(f"input file {path} is empty; it needs one sentence per line")
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise DataError(f"{path}:{lineno}: empty sentence; remove blank lines")
+    return lines

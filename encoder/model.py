@@ -60,9 +60,15 @@ def find_mlm_head(model: torch.nn.Module, missing_keys, name_or_path: str) -> to
     raise ConfigError(f"cannot find the MLM head of {type(model).__name__}; expected a `cls` or `lm_head` module")
 
 
-def combine_needs(poolers: Sequence[Pooler]) -> Needs:
+def combine_needs(poolers: Sequence[Pooler], num_layers: int | None = None) -> Needs:
+    """What the poolers need together; with `num_layers`, `layers_from` requests become explicit layer indices."""
+    layers = {layer for p in poolers for layer in p.needs.layers}
+    if num_layers is not None:
+        layers = {normalize_layer(layer, num_layers) for layer in layers}
+        for start in (p.needs.layers_from for p in poolers if p.needs.layers_from is not None):
+            layers |= set(range(normalize_layer(start, num_layers), num_layers + 1))
     return Needs(
-        layers=tuple(sorted({layer for p in poolers for layer in p.needs.layers})),
+        layers=tuple(sorted(layers)),
         templated=any(p.needs.templated for p in poolers),
         mask_token=any(p.needs.mask_token for p in poolers),
         attentions=any(p.needs.attentions for p in poolers),
@@ -120,6 +126,13 @@ class Encoder:
                 attn_implementation="eager" if attentions else "sdpa",
                 output_loading_info=True,
             )
+        except ValueError as err:
+            if not attentions:
+                raise
+            raise ConfigError(
+                f"model {name_or_path!r} cannot return attention probabilities ({str(err).splitlines()[0]}); "
+                "poolers that need attentions (ditto) cannot run on it"
+            ) from None
         except OSError as err:
             first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ConfigError(
@@ -174,6 +187,7 @@ class Encoder:
         self.mlm_head = mlm_head
         self.input_embedder = input_embedder
         self.num_layers = int(transformer.config.num_hidden_layers)
+        self.num_heads = int(getattr(transformer.config, "num_attention_heads", 0))
         self.hidden_size = int(transformer.config.hidden_size)
         limit = max_length or getattr(transformer.config, "max_position_embeddings", 512)
         self.max_length = min(limit, tokenizer.model_max_length or limit)
@@ -184,6 +198,7 @@ class Encoder:
             "resolved_path": self.path,
             "class": type(self.model).__name__,
             "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
             "hidden_size": self.hidden_size,
             "max_length": self.max_length,
             "dtype": self.dtype,
@@ -198,6 +213,10 @@ class Encoder:
             needs = pooler.needs
             for layer in needs.layers:
                 normalize_layer(layer, self.num_layers)
+            if needs.layers_from is not None:
+                normalize_layer(needs.layers_from, self.num_layers)
+            pooler.check_model(self.transformer.config)
+            pooler.bind_tokenizer(self.tokenizer)
             if (needs.templated or needs.template_bias) and template is None:
                 raise ConfigError(
                     f"pooler {pooler.name!r} pools over a prompt-templated input; pass a template, "
@@ -255,7 +274,7 @@ class Encoder:
         builder = self.input_builder(form)
         items = builder.build(list(sentences))
         order = np.argsort([-len(item.input_ids) for item in items], kind="stable")
-        needs = combine_needs(poolers)
+        needs = combine_needs(poolers, self.num_layers)
         chunks: dict[str, list[torch.Tensor]] = {pooler.name: [] for pooler in poolers}
         label = "templated" if form.template else "plain"
         starts = range(0, len(items), self.batch_size)
@@ -279,6 +298,12 @@ class Encoder:
         batch = batch.to(self.device)
         out = run_transformer(self.transformer, batch, needs, builder=builder, input_embedder=self.input_embedder,
                               mlm_head=self.mlm_head)
+        if needs.attentions and not out.attentions:
+            raise ConfigError(
+                f"model {self.name_or_path!r} ({type(self.transformer).__name__}) returned no attention "
+                "probabilities; poolers that weight tokens by attention (ditto) need a model that supports "
+                "eager attention"
+            )
         if out.hidden_states or out.attentions is not None:
             self.stats.forward_batches += 1
             self.stats.forward_sequences += batch.input_ids.shape[0]

@@ -50,6 +50,29 @@ def markdown_table(scores: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def post_summary(prov: dict) -> str:
+    if not prov.get("post_processing"):
+        return "none"
+    return (f"rows `pooler+name(corpus)`, fitted on `{prov.get('fit_corpus')}` "
+            "(T = each task's own sentences); see results.json provenance.post_processing")
+
+
+ANALYSIS_METRICS = ("anisotropy", "alignment", "uniformity", "isoscore")
+
+
+def analysis_table(analysis: dict[str, dict[str, dict]]) -> str:
+    """Each geometry metric averaged over the tasks, one row per pooler/post-processor label."""
+    header = ["row", *(f"{m} (task avg)" for m in ANALYSIS_METRICS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * len(ANALYSIS_METRICS)) + "|"]
+    for label, per_task in analysis.items():
+        cells = []
+        for metric in ANALYSIS_METRICS:
+            values = [m[metric] for m in per_task.values() if m[metric] is not None]
+            cells.append(f"{sum(values) / len(values):.3f}" if values else "-")
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_report(output_dir: Path, results: dict) -> tuple[Path, Path]:
     """Write results.json, results.md and results.png; return the JSON and markdown paths."""
     output_dir = Path(output_dir)
@@ -58,10 +81,13 @@ def write_report(output_dir: Path, results: dict) -> tuple[Path, Path]:
     header = (
         f"# STS results\n\nmodel: `{prov['model']['name_or_path']}`  \n"
         f"template: `{prov['input']['template']}` (sentence rule: {prov['input']['sentence_rule']})  \n"
-        f"post-processing: {prov['post_processing']}  \n"
+        f"post-processing: {post_summary(prov)}  \n"
         f"protocol: cosine, Spearman x100, SentEval 'all' setting; seed {prov['seed']}\n\n"
     )
-    md_path = atomic_write_text(output_dir / "results.md", header + markdown_table(results["scores"]))
+    body = markdown_table(results["scores"])
+    if results.get("analysis"):
+        body += "\n" + analysis_table(results["analysis"])
+    md_path = atomic_write_text(output_dir / "results.md", header + body)
     template = prov["input"]["template"] or "no template"
     plot_scores(results["scores"], output_dir / "results.png", f"{prov['model']['name_or_path']} | {template}")
     return json_path, md_path

@@ -8,16 +8,21 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from common.errors import ConfigError, DataError
+from common.errors import ConfigError
 from common.io import atomic_write, atomic_write_json
 from common.seed import seed_everything
+from data.readers import read_sentences
 from data.root import resolve_data_root
 from data.tasks import REGISTRY_FILE, get_tasks, load_registry
 from encoder.model import Encoder, combine_needs
 from encoder.template import SENTENCE_RULES, Template
+from evaluation.analysis import analyse_task
+from evaluation.corpora import TARGET, Corpora
 from evaluation.report import markdown_table, software_versions, utc_timestamp, write_report
 from evaluation.sts import evaluate_sts
 from poolers import build_pooler, build_poolers
+from poolers.fitted import CorpusFittedPooler
+from postprocessing import build_posts
 
 MODES = ("score", "encode")
 
@@ -44,7 +49,9 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
     )
 
 
-def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poolers, seed: int) -> dict:
+def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poolers, seed: int,
+               versions: dict | None = None) -> dict:
+    """`versions` as taken when the run started (the project commit may move while a long run is going)."""
     return {
         "model": encoder.describe(),
         "input": {
@@ -54,11 +61,10 @@ def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poo
         },
         "poolers": {pooler.name: pooler.describe() for pooler in poolers},
         "post_processing": None,
-        "post_processing_fit_corpus": None,
         "seed": seed,
         "batch_size": encoder.batch_size,
         "device": str(encoder.device),
-        "versions": software_versions(),
+        "versions": versions or software_versions(),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "timestamp": utc_timestamp(),
     }
@@ -69,34 +75,33 @@ def score(cfg: DictConfig) -> dict:
     seed_everything(int(cfg.seed))
     template = build_template(cfg)
     poolers = build_poolers(list(cfg.poolers), OmegaConf.to_container(cfg.pooler_args))
-    tasks = get_tasks(list(cfg.tasks), load_registry(Path(cfg.task_registry or REGISTRY_FILE)))
+    posts = build_posts(list(cfg.post), OmegaConf.to_container(cfg.post_args))
+    registry = load_registry(Path(cfg.task_registry or REGISTRY_FILE))
+    tasks = get_tasks(list(cfg.tasks), registry)
     root = resolve_data_root(cfg.data_root)
-    started = time.perf_counter()
+    corpora = Corpora(root, registry)
+    corpora.check_label(str(cfg.fit_corpus))
+    started, versions = time.perf_counter(), software_versions()
     encoder = build_encoder(cfg, poolers)
-    result = evaluate_sts(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens)
-    prov = provenance(cfg, encoder, template, poolers, int(cfg.seed))
+    result = evaluate_sts(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens,
+                          posts=posts, fit_corpus=str(cfg.fit_corpus), corpora=corpora,
+                          analyse=analyse_task if cfg.analysis else None)
+    prov = provenance(cfg, encoder, template, poolers, int(cfg.seed), versions)
+    prov["poolers"] = result.pop("poolers")
+    prov["post_processing"] = result.pop("post_processing")
+    prov["fit_corpus"] = str(cfg.fit_corpus)
+    prov["fit_corpora"] = result.pop("fit_corpora")
     prov["data_root"] = str(root)
     prov["unique_sentences"] = result.pop("unique_sentences")
     prov["forward_sequences"] = encoder.stats.forward_sequences
     prov["wall_time_s"] = round(time.perf_counter() - started, 2)
     prov["tasks"] = result.pop("tasks")
-    results = {"scores": result["scores"], "details": result["details"], "provenance": prov}
+    results = {"scores": result["scores"], "details": result["details"], "analysis": result["analysis"],
+               "provenance": prov}
     json_path, md_path = write_report(Path(cfg.output_dir), results)
     print(markdown_table(results["scores"]), end="")
     print(f"wall time {prov['wall_time_s']:.1f} s; wrote {json_path} and {md_path}")
     return results
-
-
-def read_sentences(path: Path) -> list[str]:
-    if not path.is_file():
-        raise DataError(f"input file {path} does not exist")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if not lines:
-        raise DataError(f"input file {path} is empty; it needs one sentence per line")
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            raise DataError(f"{path}:{lineno}: empty sentence; remove blank lines")
-    return lines
 
 
 def encode(cfg: DictConfig) -> np.ndarray:
@@ -108,6 +113,14 @@ def encode(cfg: DictConfig) -> np.ndarray:
     pooler = build_pooler(str(cfg.pooler), **OmegaConf.to_container(cfg.pooler_args).get(str(cfg.pooler), {}))
     sentences = read_sentences(Path(cfg.input))
     encoder = build_encoder(cfg, [pooler])
+    if isinstance(pooler, CorpusFittedPooler):
+        # "T" is the input file itself; any other label is resolved as for scoring
+        label = pooler.corpus or str(cfg.fit_corpus)
+        Corpora.check_label(label)
+        fit_sentences = sentences if label == TARGET else Corpora(
+            resolve_data_root(cfg.data_root), load_registry(Path(cfg.task_registry or REGISTRY_FILE))
+        ).sentences(label)
+        pooler.fit(label, fit_sentences, encoder.tokenizer)
     embeddings = encoder.embed(sentences, [pooler], template, cfg.sentence_rule, cfg.max_sentence_tokens)[pooler.name]
     embeddings = embeddings.astype(np.float32)
     output = Path(cfg.output)

@@ -7,7 +7,7 @@ scipy's (ties get average ranks). No regressor is trained: STS-B and SICK-R use 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +18,11 @@ from data.readers import SentencePairs
 from data.tasks import TaskSpec
 from encoder.model import Encoder
 from encoder.template import Template
+from evaluation.corpora import TARGET, Corpora
+from evaluation.fitting import plan_poolers
+from evaluation.variants import PooledEmbeddings, score_variants, task_rows
 from poolers.base import Pooler
+from postprocessing.base import PostProcessor
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -86,22 +90,39 @@ def evaluate_sts(
     template: Template | None = None,
     sentence_rule: str = "none",
     max_sentence_tokens: int | None = None,
+    posts: Sequence[PostProcessor] = (),
+    fit_corpus: str = TARGET,
+    corpora: Corpora | None = None,
+    analyse: Callable | None = None,
 ) -> dict:
-    """Score every pooler on every task with one forward pass per (unique sentence, input form).
+    """Score every pooler (raw and with each post-processor) on every task with one forward pass per
+    (unique sentence, input form).
 
-    Returns {"scores": {pooler: {task: x100, "avg": mean}}, "details": {pooler: {task: {...}}}, "tasks": {...}}.
+    Post-processors fitted on "T" use each task's own embeddings; on another corpus, its sentences join the
+    sentence index and are encoded in the same pass. Returns {"scores": {label: {task: x100, "avg": mean}},
+    "details", "post_processing", "analysis", "poolers" (provenance per label), "tasks", "unique_sentences"}.
     """
     encoder.check_poolers(poolers, template)
+    corpora = corpora or Corpora(root, {spec.name: spec for spec in tasks})
+    corpora.check_label(fit_corpus)
     index = SentenceIndex()
     loaded = load_and_index(tasks, root, index)
-    embeddings = encoder.embed(index.sentences, poolers, template, sentence_rule, max_sentence_tokens)
-    scores: dict[str, dict[str, float]] = {}
-    details: dict[str, dict[str, dict]] = {}
-    for pooler in poolers:
-        details[pooler.name] = {task.spec.name: score_task(task, embeddings[pooler.name]) for task in loaded}
-        per_task = {name: d["spearman"] for name, d in details[pooler.name].items()}
-        scores[pooler.name] = {**per_task, "avg": float(np.mean(list(per_task.values())))}
-    task_records = {
+    reference_rows = None
+    if posts and fit_corpus != TARGET:
+        reference_rows = np.unique(index.add(corpora.sentences(fit_corpus)))
+    plans = plan_poolers(poolers, loaded, lambda task: [index.sentences[i] for i in task_rows(task)], fit_corpus,
+                         corpora, encoder.tokenizer)
+    instances = [instance for plan in plans for instance in plan.instances]
+    embeddings = encoder.embed(index.sentences, instances, template, sentence_rule, max_sentence_tokens)
+    pooled = [
+        PooledEmbeddings(plan.label, shared=None if plan.per_task else embeddings[plan.pooler.name],
+                         per_task={task: embeddings[p.name] for task, p in plan.per_task.items()})
+        for plan in plans
+    ]
+    result = score_variants(loaded, pooled, score_task, posts, fit_corpus, reference_rows, analyse)
+    result["poolers"] = {plan.label: plan.describe() for plan in plans}
+    result["fit_corpora"] = corpora.sources
+    result["tasks"] = {
         task.spec.name: {
             "split": task.spec.split,
             "pairs": len(task.pairs),
@@ -110,4 +131,5 @@ def evaluate_sts(
         }
         for task in loaded
     }
-    return {"scores": scores, "details": details, "tasks": task_records, "unique_sentences": len(index.sentences)}
+    result["unique_sentences"] = len(index.sentences)
+    return result

@@ -15,6 +15,7 @@ class Needs:
     """What a pooler reads from the forward pass.
 
     layers: hidden-state indices (0 = embeddings, negatives count from the last layer).
+    layers_from: also every layer from this index to the last (SBERT-WK), resolved once the model depth is known.
     templated: pool over the prompt-templated input (else the plain `[CLS] sentence [SEP]` input).
     mask_token: needs `[MASK]` positions (template must contain `[MASK]`, tokenizer must have a mask token).
     attentions: needs attention probabilities (eager attention).
@@ -24,6 +25,7 @@ class Needs:
     """
 
     layers: tuple[int, ...] = ()
+    layers_from: int | None = None
     templated: bool = False
     mask_token: bool = False
     attentions: bool = False
@@ -45,14 +47,35 @@ class Pooler(ABC):
     @abstractmethod
     def __call__(self, out: EncoderOutput) -> torch.Tensor: ...
 
+    @property
+    def label(self) -> str:
+        """Name in score tables; fitted poolers add the corpus they were fitted on, e.g. `idf(T)`."""
+        return self.name
+
+    def check_model(self, config) -> None:
+        """Raise `ConfigError` if this pooler cannot run on a model with this Hugging Face config (before any
+        forward pass). Most poolers are checked through `needs` alone."""
+        return None
+
+    def bind_tokenizer(self, tokenizer) -> None:
+        """Give the pooler the tokenizer, for poolers whose token weights depend on the vocabulary."""
+        return None
+
     def describe(self) -> dict:
-        """Provenance record: type, layers and input form of this pooler."""
+        """Provenance record: type, layers, input form and own arguments of this pooler."""
         needs = self.needs
-        return {
+        record = {
             "type": type(self).__name__,
             "layers": list(needs.layers),
             "input": "templated" if needs.templated else "plain",
         }
+        if needs.layers_from is not None:
+            record["layers_from"] = needs.layers_from
+        return {**record, **self.arguments()}
+
+    def arguments(self) -> dict:
+        """Pooler-specific arguments recorded in provenance (beyond layers and input form)."""
+        return {}
 
 
 def masked_mean(states: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from common.errors import ConfigError
+from common.registry import build_named
 from poolers.base import Pooler
 from poolers.cls import CLSPooler
+from poolers.ditto import DittoPooler
+from poolers.idf import IdfPooler
 from poolers.mask import MaskPooler
+from poolers.mask_topk import MaskTopKPooler
 from poolers.mean import MeanPooler
+from poolers.remove_biases import RemoveBiasesPooler
+from poolers.sbert_wk import SBERTWKPooler
 from poolers.static import StaticPooler
 
 _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
@@ -20,18 +26,18 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "static": (StaticPooler, {}),
     "mask": (MaskPooler, {}),
     "mask_denoised": (MaskPooler, {"denoise": True}),
+    "mask_topk": (MaskTopKPooler, {}),
+    "ditto": (DittoPooler, {}),
+    "sbert_wk": (SBERTWKPooler, {}),
+    "idf": (IdfPooler, {}),
+    "remove_biases": (RemoveBiasesPooler, {}),
+    "remove_biases_contextual": (RemoveBiasesPooler, {"variant": "contextual"}),
 }
 POOLER_NAMES = tuple(_REGISTRY)
 
 
 def build_pooler(name: str, **overrides: Any) -> Pooler:
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown pooler {name!r}; valid poolers: {', '.join(POOLER_NAMES)}")
-    cls, defaults = _REGISTRY[name]
-    try:
-        return cls(name=name, **{**defaults, **overrides})
-    except TypeError as err:
-        raise ConfigError(f"bad arguments for pooler {name!r}: {err}") from None
+    return build_named(_REGISTRY, "pooler", "valid poolers", name, overrides)
 
 
 def build_poolers(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pooler]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+from transformers import AutoModel, AutoTokenizer, BertConfig, BertForMaskedLM
 
 from encoder.model import resolve_model_path
 
@@ -86,3 +86,19 @@ def write_mini_senteval(root: Path) -> Path:
     registry = root / "tasks.yaml"
     registry.write_text(yaml.safe_dump({"tasks": tasks}, sort_keys=False))
     return registry
+
+
+def reference_runner(model_dir: Path):
+    """An independently loaded eager model: (model, tokenizer, run), where run(text) does one unpadded forward and
+    returns (ids, hidden states per layer as float64 [T, D] arrays, attention probabilities per layer [H, T, T])."""
+    model = AutoModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def run(text: str):
+        ids = tokenizer(text)["input_ids"]
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), output_hidden_states=True, output_attentions=True)
+        return (ids, [h[0].double().numpy() for h in out.hidden_states],
+                [a[0].double().numpy() for a in out.attentions])
+
+    return model, tokenizer, run

@@ -51,7 +51,8 @@ def test_score_writes_results_with_provenance(mini_data, tiny_bert, tmp_path):
     assert prov["model"]["name_or_path"] == str(tiny_bert)
     assert prov["input"] == {"template": 'This sentence : "[X]" means [MASK] .', "sentence_rule": "none",
                              "max_sentence_tokens": None}
-    assert prov["poolers"]["mask"] == {"type": "MaskPooler", "layers": [-1], "input": "templated"}
+    assert prov["poolers"]["mask"] == {"type": "MaskPooler", "layers": [-1], "input": "templated", "denoise": False,
+                                      "head": None}
     assert prov["seed"] == 42 and "torch" in prov["versions"]
     assert len(prov["tasks"]["MINI12"]["files"]) == 4
     assert all(len(sha) == 64 for sha in prov["tasks"]["MINI-B"]["files"].values())
@@ -63,18 +64,32 @@ def test_score_writes_results_with_provenance(mini_data, tiny_bert, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "results.png"]
 
 
-def test_encode_mode_matches_library(tiny_bert, tmp_path):
-    sentences = ["a man is playing a guitar .", "the cat sat on the mat .", "hello"]
+def encode_file(tiny_bert, tmp_path, pooler, sentences):
+    """Run evaluate.py mode=encode on `sentences`; return (embeddings, provenance record)."""
     (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
     out = tmp_path / "emb.npy"
-    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", "pooler=mean", f"input={tmp_path / 'in.txt'}",
-                    f"output={out}")
+    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", f"pooler={pooler}",
+                    f"input={tmp_path / 'in.txt'}", f"output={out}")
     assert proc.returncode == 0, proc.stderr
-    embeddings = np.load(out)
+    return np.load(out), json.loads((tmp_path / "emb.npy.json").read_text())
+
+
+def test_encode_mode_matches_library(tiny_bert, tmp_path):
+    sentences = ["a man is playing a guitar .", "the cat sat on the mat .", "hello"]
+    embeddings, record = encode_file(tiny_bert, tmp_path, "mean", sentences)
     assert embeddings.shape == (3, 32) and embeddings.dtype == np.float32
     direct = Encoder(str(tiny_bert), progress=False).embed(sentences, [build_pooler("mean")])["mean"]
     np.testing.assert_allclose(embeddings, direct, atol=1e-6)
-    assert json.loads((tmp_path / "emb.npy.json").read_text())["rows"] == 3
+    assert record["rows"] == 3
+
+
+def test_encode_mode_fits_idf_on_the_input_file(tiny_bert, tmp_path):
+    sentences = ["a man is playing a guitar .", "the cat sat on the mat .", "a dog"]
+    embeddings, record = encode_file(tiny_bert, tmp_path, "idf", sentences)
+    encoder = Encoder(str(tiny_bert), progress=False)
+    pooler = build_pooler("idf").fit("T", sentences, encoder.tokenizer)
+    np.testing.assert_allclose(embeddings, encoder.embed(sentences, [pooler])["idf"], atol=1e-6)
+    assert record["provenance"]["poolers"]["idf"]["fit_corpus"] == "T"
 
 
 def test_encode_empty_input_file(tiny_bert, tmp_path):
@@ -139,3 +154,36 @@ def test_missing_model_directory(real_data_root, tmp_path):
     proc = evaluate(f"model.name_or_path={tmp_path / 'no_model'}", f"output_dir={tmp_path / 'out'}",
                     data_root=real_data_root)
     assert_one_line_error(proc, r"model directory .*no_model does not exist", tmp_path / "out")
+
+
+def test_weighted_poolers_and_post_processors_from_the_cli(mini_data, tiny_bert, tmp_path):
+    root, registry = mini_data
+    out = tmp_path / "out"
+    proc = evaluate(f"model.name_or_path={tiny_bert}", "poolers=[ditto,sbert_wk,idf,remove_biases]",
+                    "+pooler_args.ditto.head=1", "+pooler_args.sbert_wk.layer_start=1", "post=[quantile_u,abtt]",
+                    "+post_args.abtt.k=1", "analysis=true", "tasks=[MINI12,MINI-B,MINI-SICK]",
+                    f"task_registry={registry}", f"output_dir={out}", data_root=root)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert "ditto+quantile_u(T)" in results["scores"] and "idf(T)+abtt(T)" in results["scores"]
+    prov = results["provenance"]
+    assert prov["fit_corpus"] == "T" and prov["model"]["attention"] == "eager"
+    assert prov["poolers"]["ditto"]["attention_head"] == 1 and prov["poolers"]["idf(T)"]["fit_corpus"] == "T"
+    assert prov["post_processing"]["sbert_wk+abtt(T)"]["k"] == 1
+    assert prov["forward_sequences"] == prov["unique_sentences"]  # one plain form, one forward per sentence
+    assert set(results["analysis"]["idf(T)"]["MINI-B"]) >= {"anisotropy", "alignment", "uniformity", "isoscore"}
+    assert "| idf(T)+quantile_u(T) |" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [(["poolers=[ditto]", "+pooler_args.ditto.head=4"], r"ditto layer 0 / head 4 is out of range"),
+     (["post=[zscore]", "fit_corpus=W"], r"fit corpus 'W': file .*wiki1m_for_simcse\S* does not exist"),
+     (["post=[zscore]", "fit_corpus=wiki"], r"unknown fit corpus 'wiki'"),
+     (["post=[pca]"], r"unknown post-processor 'pca'; valid: quantile_u, zscore, whiten, abtt, normalize")],
+)
+def test_pooler_and_post_errors(overrides, pattern, mini_data, tiny_bert, tmp_path):
+    root, registry = mini_data
+    proc = evaluate(f"model.name_or_path={tiny_bert}", "tasks=[MINI-B]", f"task_registry={registry}",
+                    f"output_dir={tmp_path / 'out'}", *overrides, data_root=root)
+    assert_one_line_error(proc, pattern, tmp_path / "out")

@@ -3,17 +3,19 @@
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer
 
 from common.errors import ConfigError
 from encoder.model import Encoder
 from encoder.outputs import normalize_layer
 from encoder.template import Template
-from poolers import POOLER_NAMES, build_pooler, build_poolers
+from poolers import build_pooler, build_poolers
+from tests.helpers import reference_runner
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 TWO_MASKS = 'This sentence : "[X]" means [MASK] [MASK] .'
 SENTENCES = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog near the river bank"]
+#: Poolers averaging tokens uniformly; the weighted ones (ditto, sbert_wk, idf, ...) are in test_poolers_weighted.py.
+UNWEIGHTED = ("cls", "mean", "first_last", "avg", "static", "mask")
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +25,7 @@ def encoder(tiny_bert):
 
 @pytest.fixture(scope="module")
 def reference(tiny_bert):
-    model = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
-    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
-
-    def run(text):
-        ids = tokenizer(text)["input_ids"]
-        with torch.no_grad():
-            hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-        return ids, [h[0].double().numpy() for h in hidden]
-
-    return model, tokenizer, run
+    return reference_runner(tiny_bert)
 
 
 def loop_mean(vectors):
@@ -45,9 +38,9 @@ def loop_mean(vectors):
 def expected(name, sentence, reference, template=PROMPT):
     model, tokenizer, run = reference
     if name in ("mask", "avg"):
-        ids, hidden = run(template.replace("[X]", sentence))
+        ids, hidden, _ = run(template.replace("[X]", sentence))
     else:
-        ids, hidden = run(sentence)
+        ids, hidden, _ = run(sentence)
     last = len(hidden) - 1
     if name == "cls":
         return hidden[last][0]
@@ -65,7 +58,7 @@ def expected(name, sentence, reference, template=PROMPT):
     raise AssertionError(name)
 
 
-@pytest.mark.parametrize("name", POOLER_NAMES)
+@pytest.mark.parametrize("name", UNWEIGHTED)
 def test_pooler_matches_loop(name, encoder, reference):
     pooler = build_pooler(name)
     out = encoder.embed(SENTENCES, [pooler], Template(PROMPT))[name]
@@ -95,7 +88,7 @@ def test_layer_indexing(encoder, reference):
     multi = encoder.embed(SENTENCES, [build_pooler("first_last", layers=[0, 1, -1])])["first_last"]
     _, _, run = reference
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden = run(sentence)
+        ids, hidden, _ = run(sentence)
         want = loop_mean([(hidden[0][t] + hidden[1][t] + hidden[-1][t]) / 3 for t in range(len(ids))])
         np.testing.assert_allclose(multi[row], want, atol=2e-5, rtol=1e-4)
 

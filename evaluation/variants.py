@@ -1,0 +1,92 @@
+"""Score poolers x post-processors from precomputed embeddings (no encoder here): used by `evaluate_sts` and by any
+caller that already holds embeddings of a sentence index (e.g. a training-time STS callback).
+
+A *variant* is one pooler's embeddings, raw or passed through one post-processor fitted on a named corpus; its
+label says both, e.g. `mean`, `mean+quantile_u(T)`, `idf(T)+whiten(W)`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from evaluation.corpora import TARGET
+from postprocessing.base import PostProcessor
+
+
+@dataclass
+class PooledEmbeddings:
+    """One pooler's embeddings of every sentence-index row: one array for all tasks (`shared`), or one per task
+    when the pooler itself was fitted on each task's sentences (idf on "T")."""
+
+    label: str
+    shared: np.ndarray | None = None
+    per_task: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def for_task(self, task: str) -> np.ndarray:
+        return self.per_task.get(task, self.shared)
+
+
+def task_rows(task) -> np.ndarray:
+    """Index rows of the task's unique sentences: its unlabeled corpus "T"."""
+    return np.unique(np.concatenate([task.left, task.right]))
+
+
+def post_processed(embeddings: np.ndarray, rows: np.ndarray, post: PostProcessor, fit_label: str,
+                   fit_rows: np.ndarray) -> tuple[np.ndarray, PostProcessor]:
+    """A copy of `post` fitted on `embeddings[fit_rows]`, and `embeddings` with `rows` transformed by it."""
+    fitted = copy.deepcopy(post)
+    if fitted.fitted_from_data:
+        fitted.fit(fit_label, embeddings[fit_rows])
+    out = np.zeros_like(embeddings, dtype=np.float64)
+    out[rows] = fitted.transform(embeddings[rows])
+    return out, fitted
+
+
+def score_variants(
+    tasks: Sequence,
+    pooled: Sequence[PooledEmbeddings],
+    score_task: Callable,
+    posts: Sequence[PostProcessor] = (),
+    fit_corpus: str = TARGET,
+    reference_rows: np.ndarray | None = None,
+    analyse: Callable | None = None,
+) -> dict:
+    """Scores of every pooler, raw and with each post-processor, on every task.
+
+    `tasks` are IndexedTasks (rows into the embedding arrays); `score_task(task, embeddings)` returns the task's
+    score record; post-processors are fitted on the task's own rows when `fit_corpus` is "T", else on
+    `reference_rows` (the corpus' sentences, encoded in the same pass). `analyse(task, embeddings)` (optional)
+    returns extra metrics per variant and task.
+    Returns {"scores": {label: {task: x100, "avg"}}, "details": {...}, "post_processing": {label: record},
+    "analysis": {label: {task: metrics}} or None}.
+    """
+    details: dict[str, dict[str, dict]] = {}
+    post_records: dict[str, dict] = {}
+    analysis: dict[str, dict[str, dict]] = {}
+    for pooler in pooled:
+        for task in tasks:
+            name = task.spec.name
+            embeddings = pooler.for_task(name)
+            variants = [(pooler.label, embeddings)]
+            rows = task_rows(task)
+            for post in posts:
+                fit_rows = rows if fit_corpus == TARGET else reference_rows
+                transformed, fitted = post_processed(embeddings, rows, post, fit_corpus, fit_rows)
+                label = f"{pooler.label}+{fitted.label}"
+                variants.append((label, transformed))
+                record = post_records.setdefault(label, {**fitted.describe(), "fit_corpus_size": {}})
+                record["fit_corpus_size"][name] = fitted.corpus_size
+            for label, emb in variants:
+                details.setdefault(label, {})[name] = score_task(task, emb)
+                if analyse is not None:
+                    analysis.setdefault(label, {})[name] = analyse(task, emb)
+    scores = {}
+    for label, per_task in details.items():
+        main = {name: record["spearman"] for name, record in per_task.items()}
+        scores[label] = {**main, "avg": float(np.mean(list(main.values())))}
+    return {"scores": scores, "details": details, "post_processing": post_records or None,
+            "analysis": analysis or None}

@@ -1,0 +1,79 @@
+"""Mean pooling without the tokens that bias BERT embeddings (PromptBERT, Jiang et al. 2022, Sec. 3 / Table 2)."""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+from collections.abc import Sequence
+
+import torch
+
+from common.errors import ConfigError
+from encoder.outputs import EncoderOutput
+from poolers.base import Needs, Pooler, masked_mean
+
+#: The 36 most frequent bert-base-uncased tokens of the reference (DESIGN.md §3).
+BERT_UNCASED_TOP36 = (
+    ".", "a", "the", "in", ",", "is", "to", "of", "and", "'", "on", "man", "-", "s", "with", "for", '"', "at", "##s",
+    "woman", "are", "it", "two", "that", "you", "dog", "said", "playing", "i", "an", "as", "was", "from", ":", "by",
+    "white",
+)
+
+
+def is_punctuation(token: str) -> bool:
+    return bool(token) and all(ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in token)
+
+
+def biased_token(token: str, frequent: frozenset[str]) -> bool:
+    """Frequent token, subword piece (`##...`), punctuation-only, or containing an uppercase letter (cased vocabs;
+    an uncased vocab has none)."""
+    return (token in frequent or token.startswith("##") or is_punctuation(token)
+            or any(ch.isupper() for ch in token))
+
+
+class RemoveBiasesPooler(Pooler):
+    """e = (1/|K|) Σ_{t∈K} x_t over the kept tokens K of the plain input: every real token except the frequent
+    list (`frequent_tokens`, default the bert-base-uncased top 36), `##` subword pieces, punctuation-only tokens,
+    tokens with uppercase letters, and special tokens ([CLS]/[SEP]/...).
+
+    x_t = the static word-embedding row (`variant="static"`, the paper's "static remove biases") or the hidden
+    state averaged over `layers` (`variant="contextual"`). A sentence whose tokens are ALL removed (e.g. "a man .")
+    falls back to all its non-special tokens rather than a zero vector.
+    """
+
+    def __init__(self, name: str = "remove_biases", variant: str = "static", layers: Sequence[int] = (-1,),
+                 frequent_tokens: Sequence[str] = BERT_UNCASED_TOP36):
+        super().__init__(name)
+        if variant not in ("static", "contextual"):
+            raise ConfigError(f"remove_biases variant {variant!r} is unknown; valid: static, contextual")
+        self.variant, self.layers = variant, tuple(layers)
+        self.frequent = frozenset(frequent_tokens)
+        self.keep_vocab: torch.Tensor | None = None
+        self.special_vocab: torch.Tensor | None = None
+
+    @property
+    def needs(self) -> Needs:
+        if self.variant == "static":
+            return Needs(word_embeddings=True)
+        return Needs(layers=self.layers)
+
+    def arguments(self) -> dict:
+        return {"variant": self.variant, "frequent_tokens": len(self.frequent)}
+
+    def bind_tokenizer(self, tokenizer) -> None:
+        vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        special = torch.zeros(len(vocab), dtype=torch.bool)
+        special[list(tokenizer.all_special_ids)] = True
+        biased = torch.tensor([biased_token(token, self.frequent) for token in vocab])
+        self.keep_vocab, self.special_vocab = ~(biased | special), special
+
+    def __call__(self, out: EncoderOutput) -> torch.Tensor:
+        real = out.attention_mask.bool()
+        keep = self.keep_vocab.to(real.device)[out.input_ids] & real
+        fallback = ~self.special_vocab.to(real.device)[out.input_ids] & real
+        keep = torch.where(keep.any(1, keepdim=True), keep, fallback)
+        if self.variant == "static":
+            states = out.word_embeddings
+        else:
+            states = torch.stack([out.layer(k) for k in self.layers]).mean(0)
+        return masked_mean(states, keep)
