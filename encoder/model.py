@@ -44,6 +44,32 @@ def resolve_model_path(name_or_path: str) -> str:
     raise ConfigError(f"model {name_or_path!r}: package {module_name!r} has no get_model_path() or MODEL_DIR")
 
 
+def load_pretrained(name_or_path: str, *, mlm_head: bool = False, **model_kwargs):
+    """(tokenizer, model, loading info) of a hub name, local directory or `package:MODULE`; the *ForMaskedLM variant
+    when `mlm_head`. Load failures become one-line `ConfigError`s."""
+    path = resolve_model_path(name_or_path)
+    if not Path(path).exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
+        raise ConfigError(f"model directory {path} does not exist; pass a local directory or a hub name")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=model_kwargs.get("revision"))
+        model_cls = AutoModelForMaskedLM if mlm_head else AutoModel
+        model, loading = model_cls.from_pretrained(path, output_loading_info=True, **model_kwargs)
+    except ValueError as err:
+        if model_kwargs.get("attn_implementation") != "eager":
+            raise
+        raise ConfigError(
+            f"model {name_or_path!r} cannot return attention probabilities ({str(err).splitlines()[0]}); "
+            "poolers that need attentions (ditto) cannot run on it"
+        ) from None
+    except OSError as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"could not load model {name_or_path!r} ({first_line}); pass a local directory, or a hub name on a "
+            "machine that can reach the Hugging Face Hub"
+        ) from None
+    return tokenizer, model, loading
+
+
 def find_mlm_head(model: torch.nn.Module, missing_keys, name_or_path: str) -> torch.nn.Module:
     """The whole MLM head (transform + decoder) of a *ForMaskedLM model; refuse a randomly initialised one."""
     base_prefix = model.base_model_prefix + "."
@@ -113,32 +139,10 @@ class Encoder:
         path = resolve_model_path(name_or_path)
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-        is_local = Path(path).exists()
-        if not is_local and (path.startswith((".", "/", "~")) or path.count("/") > 1):
-            raise ConfigError(f"model directory {path} does not exist; pass a local directory or a hub name")
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
-            model_cls = AutoModelForMaskedLM if mlm_head else AutoModel
-            model, loading = model_cls.from_pretrained(
-                path,
-                revision=revision,
-                dtype=DTYPES[dtype],
-                attn_implementation="eager" if attentions else "sdpa",
-                output_loading_info=True,
-            )
-        except ValueError as err:
-            if not attentions:
-                raise
-            raise ConfigError(
-                f"model {name_or_path!r} cannot return attention probabilities ({str(err).splitlines()[0]}); "
-                "poolers that need attentions (ditto) cannot run on it"
-            ) from None
-        except OSError as err:
-            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ConfigError(
-                f"could not load model {name_or_path!r} ({first_line}); pass a local directory, or a hub name on a "
-                "machine that can reach the Hugging Face Hub"
-            ) from None
+        tokenizer, model, loading = load_pretrained(
+            name_or_path, mlm_head=mlm_head, revision=revision, dtype=DTYPES[dtype],
+            attn_implementation="eager" if attentions else "sdpa",
+        )
         head = find_mlm_head(model, loading["missing_keys"], name_or_path) if mlm_head else None
         self._setup(model.base_model if mlm_head else model, tokenizer, name_or_path=name_or_path, path=path,
                     device=device, batch_size=batch_size, max_length=max_length, dtype=dtype,

@@ -11,12 +11,12 @@ from dataclasses import replace
 
 import pytorch_lightning as pl
 import torch
-from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, get_linear_schedule_with_warmup
+from transformers import get_linear_schedule_with_warmup
 
 from common.errors import ConfigError, UserError
 from encoder.forward import run_transformer, template_bias
 from encoder.inputs import InputBuilder, InputForm, collate
-from encoder.model import Encoder, resolve_model_path
+from encoder.model import Encoder, load_pretrained
 from encoder.template import Template
 from lightning_modules.losses import info_nce, world_size
 from poolers.base import Pooler
@@ -49,14 +49,7 @@ class PromptContrastiveModule(pl.LightningModule):
         self.eval_template = Template(eval_template or templates[0])
         for template in [*self.templates, self.eval_template]:
             template.require_mask(type(self).__name__)
-        path = resolve_model_path(model_name_or_path)
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            model_cls = AutoModelForMaskedLM if load_mlm_head else AutoModel
-            model, self.loading_info = model_cls.from_pretrained(path, output_loading_info=True)
-        except OSError as err:
-            raise ConfigError(f"could not load model {model_name_or_path!r} ({str(err).strip().splitlines()[0]}); "
-                              "pass a local directory, or a hub name on a machine that can reach the Hub") from None
+        self.tokenizer, model, self.loading_info = load_pretrained(model_name_or_path, mlm_head=load_mlm_head)
         if self.tokenizer.mask_token_id is None:
             raise ConfigError(f"model {model_name_or_path!r} has no [MASK] token; prompt-based training needs one")
         # from_pretrained returns eval mode and Lightning keeps each submodule's mode: dropout must be on in training.
