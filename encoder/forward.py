@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from encoder.inputs import SPECIAL, TEMPLATE, Batch, InputBuilder
+from encoder.inputs import PAD, SPECIAL, TEMPLATE, Batch, InputBuilder
 from encoder.outputs import EncoderOutput, normalize_layer
 from poolers.base import Needs
 
@@ -104,11 +104,51 @@ def template_bias(
     Returns normalised layer -> [B, D]; computed once per distinct length, same train/eval and grad state as the
     caller, so gradients flow through the bias unless the caller wraps this in `torch.no_grad()`.
     """
-    unique, inverse = torch.unique(sentence_lengths, return_inverse=True)
-    bias_batch = template_only_batch(builder, unique, position_base(transformer))
-    bias_out = run_transformer(transformer, bias_batch, Needs(layers=tuple(layers)), input_embedder=input_embedder)
-    weights = bias_batch.mask_token.to(next(iter(bias_out.hidden_states.values())).dtype).unsqueeze(-1)
-    return {
-        layer: ((states * weights).sum(1) / weights.sum(1))[inverse]
-        for layer, states in bias_out.hidden_states.items()
-    }
+    return template_biases(transformer, [builder], [sentence_lengths], layers, input_embedder=input_embedder)[0]
+
+
+def template_biases(
+    transformer: torch.nn.Module,
+    builders: list[InputBuilder],
+    sentence_lengths: list[torch.Tensor],
+    layers: tuple[int, ...] = (-1,),
+    *,
+    input_embedder: InputEmbedder | None = None,
+) -> list[dict[int, torch.Tensor]]:
+    """`template_bias` for several templates at once: all their template-only rows in ONE forward (rows padded to
+    the widest template), so a two-view step pays the fixed cost of a forward once, not twice."""
+    base = position_base(transformer)
+    parts, inverses = [], []
+    for builder, lengths in zip(builders, sentence_lengths, strict=True):
+        unique, inverse = torch.unique(lengths, return_inverse=True)
+        parts.append(template_only_batch(builder, unique, base))
+        inverses.append(inverse)
+    batch = concat_batches(parts, builders[0].tokenizer.pad_token_id)
+    bias_out = run_transformer(transformer, batch, Needs(layers=tuple(layers)), input_embedder=input_embedder)
+    weights = batch.mask_token.to(next(iter(bias_out.hidden_states.values())).dtype).unsqueeze(-1)
+    pooled = {layer: (states * weights).sum(1) / weights.sum(1) for layer, states in bias_out.hidden_states.items()}
+    results, start = [], 0
+    for part, inverse in zip(parts, inverses, strict=True):
+        rows = slice(start, start + part.input_ids.shape[0])
+        results.append({layer: states[rows][inverse] for layer, states in pooled.items()})
+        start = rows.stop
+    return results
+
+
+def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
+    """Stack batches row-wise, right-padding narrower ones (padding is masked out of attention)."""
+    if len(batches) == 1:
+        return batches[0]
+    width = max(b.input_ids.shape[1] for b in batches)
+
+    def pad(tensor: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=value)
+
+    return Batch(
+        input_ids=torch.cat([pad(b.input_ids, pad_id) for b in batches]),
+        attention_mask=torch.cat([pad(b.attention_mask, 0) for b in batches]),
+        roles=torch.cat([pad(b.roles, PAD) for b in batches]),
+        mask_token=torch.cat([pad(b.mask_token, False) for b in batches]),
+        sentence_lengths=torch.cat([b.sentence_lengths for b in batches]),
+        position_ids=torch.cat([pad(b.position_ids, 0) for b in batches]),
+    )

@@ -7,6 +7,7 @@ the same code evaluate.py and the exports use.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytorch_lightning as pl
@@ -14,7 +15,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from common.errors import ConfigError, UserError
-from encoder.forward import run_transformer, template_bias
+from encoder.forward import run_transformer, template_biases
 from encoder.inputs import InputBuilder, InputForm, collate
 from encoder.model import Encoder, load_pretrained
 from encoder.template import Template
@@ -69,18 +70,25 @@ class PromptContrastiveModule(pl.LightningModule):
 
     def pooled(self, sentences: list[str], builder: InputBuilder, pooler: Pooler) -> torch.Tensor:
         """Pool one templated view of `sentences` (in the module's current train/eval mode, with gradients)."""
-        batch = collate(builder.build(sentences), self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
-        batch = batch.to(self.device)
+        return self.pooled_views(sentences, [builder], pooler)[0]
+
+    def pooled_views(self, sentences: list[str], builders: list[InputBuilder], pooler: Pooler) -> list[torch.Tensor]:
+        """One templated view per builder; when the pooler denoises, the biases of all views come from one forward
+        (`freeze_bias` computes them without gradients)."""
         needs = pooler.needs
-        frozen_bias = needs.template_bias and self.hparams.freeze_bias
-        out = run_transformer(self.transformer, batch, replace(needs, template_bias=needs.template_bias and
-                                                               not frozen_bias),
-                              builder=builder, input_embedder=self.input_embedder)
-        if frozen_bias:
-            with torch.no_grad():
-                out.template_bias = template_bias(self.transformer, builder, batch.sentence_lengths, needs.layers,
-                                                  input_embedder=self.input_embedder)
-        return pooler(out)
+        batches, outs = [], []
+        for builder in builders:
+            batch = collate(builder.build(sentences), self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
+            batches.append(batch.to(self.device))
+            outs.append(run_transformer(self.transformer, batches[-1], replace(needs, template_bias=False),
+                                        builder=builder, input_embedder=self.input_embedder))
+        if needs.template_bias:
+            with torch.no_grad() if self.hparams.freeze_bias else contextlib.nullcontext():
+                biases = template_biases(self.transformer, builders, [b.sentence_lengths for b in batches],
+                                         needs.layers, input_embedder=self.input_embedder)
+            for out, bias in zip(outs, biases, strict=True):
+                out.template_bias = bias
+        return [pooler(out) for out in outs]
 
     def contrastive_views(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(anchors, positives, hard negatives or None), each [b, D]."""

@@ -24,7 +24,7 @@ class PromptBERTUnsup(PromptContrastiveModule):
         self.train_pooler = MaskPooler("mask", denoise=self.hparams.denoise)
 
     def contrastive_views(self, batch: list[str]):
-        first, second = (self.mlp(self.pooled(batch, builder, self.train_pooler)) for builder in self.builders)
+        first, second = (self.mlp(view) for view in self.pooled_views(batch, self.builders, self.train_pooler))
         return first, second, None
 
     def eval_poolers(self) -> list[Pooler]:

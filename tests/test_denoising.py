@@ -75,3 +75,18 @@ def test_gradients_flow_through_bias_unless_frozen(tiny_bert):
     torch.testing.assert_close(grads[False][0], grads[True][0])  # same value
     difference = (grads[False][1] - grads[True][1]).abs().max()
     assert difference > 1e-3 * grads[False][1].abs().max()  # the bias path carries gradient unless frozen
+
+
+def test_biases_of_several_templates_in_one_forward_equal_separate_ones(tiny_bert):
+    from encoder.forward import template_biases
+
+    model = AutoModel.from_pretrained(tiny_bert).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    builders = [InputBuilder(tokenizer, InputForm(Template(p)), 128) for p in (*PROMPTS, "[X] [MASK]")]
+    lengths = [torch.tensor([3, 5, 3]), torch.tensor([9]), torch.tensor([0, 2])]
+    with torch.no_grad():
+        together = template_biases(model, builders, lengths)
+        for builder, n, joint in zip(builders, lengths, together, strict=True):
+            alone = template_bias(model, builder, n)
+            last = model.config.num_hidden_layers
+            torch.testing.assert_close(joint[last], alone[last], atol=1e-5, rtol=1e-5)
