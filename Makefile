@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= disabled
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart test test-slow lint bench compare
+.PHONY: install quickstart evaluate test test-slow bench compare
 
 $(BIN)/.installed: pyproject.toml .ci/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +17,14 @@ $(BIN)/.installed: pyproject.toml .ci/constraints.txt
 
 install: $(BIN)/.installed
 
-# all-MiniLM-L6-v2 on the 7 STS tasks: mean pooling plus PromptBERT [MASK] and avg pooling (a few CPU minutes).
+# PromptBERT unsupervised training of all-MiniLM-L6-v2 on the local corpus, STS-B dev curve, then the best
+# checkpoint on the 7 STS tasks with [MASK] and avg pooling (a few CPU minutes).
 quickstart: install
-	$(BIN)/python evaluate.py 'poolers=[mean,mask,avg]' prompt=promptbert_bert output_dir=logs/quickstart
+	$(BIN)/python train.py experiment=quickstart_unsup output_dir=logs/quickstart
+
+# No training: all-MiniLM-L6-v2 on the 7 STS tasks with mean, [MASK] and avg pooling.
+evaluate: install
+	$(BIN)/python evaluate.py 'poolers=[mean,mask,avg]' prompt=promptbert_bert output_dir=logs/evaluate-minilm
 
 test: install
 	$(BIN)/ruff check .
