@@ -19,9 +19,11 @@ import torch
 from common.io import atomic_write_json
 from data.root import resolve_data_root
 from data.tasks import STS_SUITE, get_tasks
+from encoder.model import Encoder
 from evaluation.plots import plot_curve
-from evaluation.report import software_versions, utc_timestamp, write_report
+from evaluation.report import scoring_provenance, write_report
 from evaluation.sts import evaluate_sts
+from poolers.base import Pooler
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +52,21 @@ class STSEvaluationCallback(pl.Callback):
         self.provenance = dict(provenance or {})
         self.history: list[dict] = []
 
-    def score(self, module, tasks: list[str]) -> dict:
+    def score(self, module, tasks: list[str]) -> tuple[dict, Encoder, list[Pooler]]:
+        """(evaluate_sts result, the encoder and the poolers that produced it), in eval mode."""
         was_training = module.training
         module.eval()
         try:
-            encoder = module.evaluation_encoder(self.batch_size)
-            return evaluate_sts(encoder, get_tasks(tasks), resolve_data_root(self.data_root), module.eval_poolers(),
-                                module.eval_template, module.hparams.sentence_rule)
+            encoder, poolers = module.evaluation_encoder(self.batch_size), module.eval_poolers()
+            result = evaluate_sts(encoder, get_tasks(tasks), resolve_data_root(self.data_root), poolers,
+                                  module.eval_template, module.hparams.sentence_rule)
+            return result, encoder, poolers
         finally:
             module.train(was_training)
 
     def _dev_scores(self, trainer, module) -> dict[str, float]:
         started = time.perf_counter()
-        scores = self.score(module, [self.dev_task])["scores"]
+        scores = self.score(module, [self.dev_task])[0]["scores"]
         values = {pooler: row[self.dev_task] for pooler, row in scores.items()}
         self.history.append({"step": trainer.global_step, **values, "seconds": time.perf_counter() - started})
         log.info("step %d: %s", trainer.global_step, ", ".join(f"{k} {v:.2f}" for k, v in values.items()))
@@ -94,26 +98,16 @@ class STSEvaluationCallback(pl.Callback):
             state = torch.load(checkpoint, map_location=module.device, weights_only=False)["state_dict"]
             module.load_state_dict(state)
         started = time.perf_counter()
-        result = self.score(module, self.final_tasks)
+        result, encoder, poolers = self.score(module, self.final_tasks)
         if not trainer.is_global_zero:
             return
-        encoder = module.evaluation_encoder(self.batch_size)
-        provenance = {
-            "model": {**encoder.describe(), "checkpoint": checkpoint or "final weights (no checkpoint selected)",
-                      "selected_on": self._metric("mask"),
-                      "best_dev": float(trainer.checkpoint_callback.best_model_score)
-                      if checkpoint and trainer.checkpoint_callback.best_model_score is not None else None},
-            "input": {"template": module.eval_template.text, "sentence_rule": module.hparams.sentence_rule,
-                      "max_sentence_tokens": None},
-            "poolers": {p.name: p.describe() for p in module.eval_poolers()},
-            "post_processing": None,
-            "post_processing_fit_corpus": None,
-            "tasks": result["tasks"],
-            "versions": software_versions(),
-            "timestamp": utc_timestamp(),
-            "wall_time_s": round(time.perf_counter() - started, 2),
-            **self.provenance,
-        }
+        provenance = scoring_provenance(encoder, module.eval_template, module.hparams.sentence_rule, None, poolers)
+        best_score = trainer.checkpoint_callback.best_model_score if checkpoint else None
+        provenance["model"].update(checkpoint=checkpoint or "final weights (no checkpoint selected)",
+                                   selected_on=self._metric("mask"),
+                                   best_dev=float(best_score) if best_score is not None else None)
+        provenance.update(tasks=result["tasks"], wall_time_s=round(time.perf_counter() - started, 2),
+                          **self.provenance)
         write_report(self.output_dir, {"scores": result["scores"], "details": result["details"],
                                        "provenance": provenance})
         log.info("final scores written to %s", self.output_dir / "results.md")

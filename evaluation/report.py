@@ -39,6 +39,26 @@ def utc_timestamp() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def scoring_provenance(encoder, template, sentence_rule: str, max_sentence_tokens: int | None, poolers,
+                       versions: dict | None = None) -> dict:
+    """What every score record carries, from evaluate.py and from the training callback alike: the model, the
+    input form, each pooler, the device and the software versions (`versions` as taken when the run started)."""
+    return {
+        "model": encoder.describe(),
+        "input": {
+            "template": template.text if template else None,
+            "sentence_rule": sentence_rule if template else "none",
+            "max_sentence_tokens": max_sentence_tokens,
+        },
+        "poolers": {pooler.name: pooler.describe() for pooler in poolers},
+        "post_processing": None,
+        "batch_size": encoder.batch_size,
+        "device": str(encoder.device),
+        "versions": versions or software_versions(),
+        "timestamp": utc_timestamp(),
+    }
+
+
 def markdown_table(scores: dict[str, dict[str, float]]) -> str:
     """One row per pooler, one column per task (table order of the first pooler), then the average."""
     first = next(iter(scores.values()))

@@ -18,7 +18,7 @@ from encoder.model import Encoder, combine_needs
 from encoder.template import SENTENCE_RULES, Template
 from evaluation.analysis import analyse_task
 from evaluation.corpora import TARGET, Corpora
-from evaluation.report import markdown_table, software_versions, utc_timestamp, write_report
+from evaluation.report import markdown_table, scoring_provenance, software_versions, write_report
 from evaluation.sts import evaluate_sts
 from poolers import build_pooler, build_poolers
 from poolers.fitted import CorpusFittedPooler
@@ -53,20 +53,9 @@ def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poo
                versions: dict | None = None) -> dict:
     """`versions` as taken when the run started (the project commit may move while a long run is going)."""
     return {
-        "model": encoder.describe(),
-        "input": {
-            "template": template.text if template else None,
-            "sentence_rule": cfg.sentence_rule if template else "none",
-            "max_sentence_tokens": cfg.max_sentence_tokens,
-        },
-        "poolers": {pooler.name: pooler.describe() for pooler in poolers},
-        "post_processing": None,
+        **scoring_provenance(encoder, template, cfg.sentence_rule, cfg.max_sentence_tokens, poolers, versions),
         "seed": seed,
-        "batch_size": encoder.batch_size,
-        "device": str(encoder.device),
-        "versions": versions or software_versions(),
         "config": OmegaConf.to_container(cfg, resolve=True),
-        "timestamp": utc_timestamp(),
     }
 
 
