@@ -1,9 +1,12 @@
 """Scores the model being trained with the evaluation spine (same Encoder, poolers and scorer as evaluate.py).
 
 * every `every_n_steps` optimiser steps (and once before training): STS-B dev with the module's evaluation poolers
-  ([MASK] and avg at least), logged as `val/stsb_dev/<pooler>` so ModelCheckpoint can select on it;
-* at the end of fit: the best checkpoint (by the monitored metric) on the 7 STS tasks, written as results.json,
-  results.md and results.png, plus the dev curve (curve.json / curve.png).
+  ([MASK] and avg at least) plus `dev_poolers`, logged as `val/stsb_dev/<pooler>` so ModelCheckpoint can select on
+  it;
+* at the end of fit: the best checkpoint (by the monitored metric) on the 7 STS tasks with the module's poolers AND
+  every configured training-free pooler (`poolers`, e.g. [mean, first_last, ditto, sbert_wk, idf]), each raw and
+  through every post-processor in `post` (fitted on `fit_corpus`), all from one forward pass per input form;
+  written as results.json, results.md and results.png, plus the dev curve (curve.json / curve.png).
 Every rank computes the (identical) dev scores, so no collective is needed; only rank 0 writes files.
 """
 
@@ -18,12 +21,16 @@ import torch
 
 from common.io import atomic_write_json
 from data.root import resolve_data_root
-from data.tasks import STS_SUITE, get_tasks
-from encoder.model import Encoder
+from data.tasks import STS_SUITE, get_tasks, load_registry
+from encoder.model import Encoder, attention_implementation, combine_needs
+from evaluation.analysis import analyse_task
+from evaluation.corpora import TARGET, Corpora
 from evaluation.plots import plot_curve
-from evaluation.report import scoring_provenance, write_report
+from evaluation.report import attach_scoring_details, scoring_provenance, write_report
 from evaluation.sts import evaluate_sts
+from poolers import build_poolers
 from poolers.base import Pooler
+from postprocessing import build_posts
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +47,16 @@ class STSEvaluationCallback(pl.Callback):
         evaluate_before_training: bool = True,
         score_best_at_end: bool = True,
         provenance: dict | None = None,
+        poolers: list[str] | tuple[str, ...] = (),
+        pooler_args: dict | None = None,
+        post: list[str] | tuple[str, ...] = (),
+        post_args: dict | None = None,
+        fit_corpus: str = TARGET,
+        analysis: bool = False,
+        dev_poolers: list[str] | tuple[str, ...] = (),
     ):
+        """`poolers` / `post` / `fit_corpus` / `analysis` as in evaluate.py, for the final scoring; `dev_poolers`
+        are scored on the dev task at every evaluation too (on top of the module's own [MASK] and avg)."""
         self.output_dir = Path(output_dir)
         self.data_root = data_root
         self.every_n_steps = every_n_steps
@@ -51,15 +67,45 @@ class STSEvaluationCallback(pl.Callback):
         self.score_best_at_end = score_best_at_end
         self.provenance = dict(provenance or {})
         self.history: list[dict] = []
+        self.pooler_args = dict(pooler_args or {})
+        self.extra_poolers = list(poolers)
+        self.dev_extra_poolers = list(dev_poolers)
+        self.fit_corpus = fit_corpus
+        self.analysis = analysis
+        # built now, so an unknown name or bad argument fails before training starts, not after it
+        self._build(sorted({*self.extra_poolers, *self.dev_extra_poolers}), check_args=True)
+        self.posts = build_posts(list(post), dict(post_args or {}))
+        Corpora.check_label(fit_corpus)
 
-    def score(self, module, tasks: list[str]) -> tuple[dict, Encoder, list[Pooler]]:
-        """(evaluate_sts result, the encoder and the poolers that produced it), in eval mode."""
+    def _build(self, names: list[str], check_args: bool = False) -> list[Pooler]:
+        if not names:
+            return []
+        args = self.pooler_args if check_args else {k: v for k, v in self.pooler_args.items() if k in names}
+        return build_poolers(names, args)
+
+    def poolers_for(self, module, extra: list[str]) -> list[Pooler]:
+        """The module's evaluation poolers, then each extra one whose name they do not already use."""
+        own = module.eval_poolers()
+        names = {pooler.name for pooler in own}
+        return own + [p for p in self._build(extra) if p.name not in names]
+
+    def score(self, module, tasks: list[str], extra_poolers: list[str] | None = None, final: bool = False,
+              ) -> tuple[dict, Encoder, list[Pooler]]:
+        """(evaluate_sts result, the encoder and the poolers that produced it), in eval mode. `final` adds the
+        post-processors and analysis metrics."""
         was_training = module.training
         module.eval()
+        poolers = self.poolers_for(module, self.dev_extra_poolers if extra_poolers is None else extra_poolers)
+        root = resolve_data_root(self.data_root)
+        attention = "eager" if combine_needs(poolers).attentions else None
         try:
-            encoder, poolers = module.evaluation_encoder(self.batch_size), module.eval_poolers()
-            result = evaluate_sts(encoder, get_tasks(tasks), resolve_data_root(self.data_root), poolers,
-                                  module.eval_template, module.hparams.sentence_rule)
+            with attention_implementation(module.transformer, attention):
+                encoder = module.evaluation_encoder(self.batch_size)
+                result = evaluate_sts(
+                    encoder, get_tasks(tasks), root, poolers, module.eval_template, module.hparams.sentence_rule,
+                    posts=self.posts if final else (), fit_corpus=self.fit_corpus,
+                    corpora=Corpora(root, load_registry()), analyse=analyse_task if final and self.analysis else None,
+                )
             return result, encoder, poolers
         finally:
             module.train(was_training)
@@ -98,18 +144,19 @@ class STSEvaluationCallback(pl.Callback):
             state = torch.load(checkpoint, map_location=module.device, weights_only=False)["state_dict"]
             module.load_state_dict(state)
         started = time.perf_counter()
-        result, encoder, poolers = self.score(module, self.final_tasks)
+        result, encoder, poolers = self.score(module, self.final_tasks, self.extra_poolers, final=True)
         if not trainer.is_global_zero:
             return
-        provenance = scoring_provenance(encoder, module.eval_template, module.hparams.sentence_rule, None, poolers)
+        provenance = attach_scoring_details(
+            scoring_provenance(encoder, module.eval_template, module.hparams.sentence_rule, None, poolers), result,
+            self.fit_corpus)
         best_score = trainer.checkpoint_callback.best_model_score if checkpoint else None
         provenance["model"].update(checkpoint=checkpoint or "final weights (no checkpoint selected)",
                                    selected_on=self._metric("mask"),
                                    best_dev=float(best_score) if best_score is not None else None)
-        provenance.update(tasks=result["tasks"], wall_time_s=round(time.perf_counter() - started, 2),
-                          **self.provenance)
+        provenance.update(wall_time_s=round(time.perf_counter() - started, 2), **self.provenance)
         write_report(self.output_dir, {"scores": result["scores"], "details": result["details"],
-                                       "provenance": provenance})
+                                       "analysis": result["analysis"], "provenance": provenance})
         log.info("final scores written to %s", self.output_dir / "results.md")
 
     def _write_curve(self) -> None:

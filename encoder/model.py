@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,25 @@ def combine_needs(poolers: Sequence[Pooler], num_layers: int | None = None) -> N
         mlm_head=any(p.needs.mlm_head for p in poolers),
         template_bias=any(p.needs.template_bias for p in poolers),
     )
+
+
+@contextlib.contextmanager
+def attention_implementation(transformer: torch.nn.Module, wanted: str | None) -> Iterator[None]:
+    """Run the block with `transformer` switched to attention implementation `wanted` (e.g. "eager" so a training
+    model in SDPA can return attention probabilities for ditto at evaluation), then switch back. None: unchanged."""
+    current = getattr(transformer.config, "_attn_implementation", None)
+    if wanted is None or wanted == current:
+        yield
+        return
+    try:
+        transformer.set_attn_implementation(wanted)
+    except (ValueError, ImportError, AttributeError) as err:
+        raise ConfigError(f"model {type(transformer).__name__} cannot switch to {wanted} attention ({err}); "
+                          "drop the poolers that need attention probabilities (ditto)") from None
+    try:
+        yield
+    finally:
+        transformer.set_attn_implementation(current)
 
 
 @dataclass

@@ -59,6 +59,19 @@ def scoring_provenance(encoder, template, sentence_rule: str, max_sentence_token
     }
 
 
+def attach_scoring_details(prov: dict, result: dict, fit_corpus: str) -> dict:
+    """Move what `evaluate_sts` reports about HOW it scored (each pooler's plan and fit corpus, the fitted
+    post-processors, the fit corpora's sources, the tasks' files and checksums, the sentence count) out of `result`
+    into the provenance record `prov`; the same for evaluate.py and the training callback."""
+    prov["poolers"] = result.pop("poolers")
+    prov["post_processing"] = result.pop("post_processing")
+    prov["fit_corpus"] = fit_corpus
+    prov["fit_corpora"] = result.pop("fit_corpora")
+    prov["unique_sentences"] = result.pop("unique_sentences")
+    prov["tasks"] = result.pop("tasks")
+    return prov
+
+
 def markdown_table(scores: dict[str, dict[str, float]]) -> str:
     """One row per pooler, one column per task (table order of the first pooler), then the average."""
     first = next(iter(scores.values()))

@@ -18,7 +18,13 @@ from encoder.model import Encoder, combine_needs
 from encoder.template import SENTENCE_RULES, Template
 from evaluation.analysis import analyse_task
 from evaluation.corpora import TARGET, Corpora
-from evaluation.report import markdown_table, scoring_provenance, software_versions, write_report
+from evaluation.report import (
+    attach_scoring_details,
+    markdown_table,
+    scoring_provenance,
+    software_versions,
+    write_report,
+)
 from evaluation.sts import evaluate_sts
 from poolers import build_pooler, build_poolers
 from poolers.fitted import CorpusFittedPooler
@@ -75,16 +81,11 @@ def score(cfg: DictConfig) -> dict:
     result = evaluate_sts(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens,
                           posts=posts, fit_corpus=str(cfg.fit_corpus), corpora=corpora,
                           analyse=analyse_task if cfg.analysis else None)
-    prov = provenance(cfg, encoder, template, poolers, int(cfg.seed), versions)
-    prov["poolers"] = result.pop("poolers")
-    prov["post_processing"] = result.pop("post_processing")
-    prov["fit_corpus"] = str(cfg.fit_corpus)
-    prov["fit_corpora"] = result.pop("fit_corpora")
+    prov = attach_scoring_details(provenance(cfg, encoder, template, poolers, int(cfg.seed), versions), result,
+                                  str(cfg.fit_corpus))
     prov["data_root"] = str(root)
-    prov["unique_sentences"] = result.pop("unique_sentences")
     prov["forward_sequences"] = encoder.stats.forward_sequences
     prov["wall_time_s"] = round(time.perf_counter() - started, 2)
-    prov["tasks"] = result.pop("tasks")
     results = {"scores": result["scores"], "details": result["details"], "analysis": result["analysis"],
                "provenance": prov}
     json_path, md_path = write_report(Path(cfg.output_dir), results)

@@ -178,3 +178,38 @@ def test_supervised_head_initialised_from_checkpoint_mlm_head(tiny_bert):
     assert module.head_initialised_from_checkpoint
     torch.testing.assert_close(module.head.dense.weight, reference.dense.weight)
     torch.testing.assert_close(module.head.layer_norm.weight, reference.LayerNorm.weight)
+
+
+def test_callback_scores_configured_poolers_and_post_processors(tiny_bert, real_data_root, tmp_path, nli_csv):
+    """The final table holds the module's mask/avg plus every configured pooler raw and post-processed, all from
+    the same encoder; dev evaluations log the dev_poolers too; ditto works although training runs in SDPA."""
+    out = tmp_path / "out"
+    cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, nli_csv),
+                         "trainer.max_steps=2", "eval_every_n_steps=2",
+                         "callbacks.sts_evaluation.poolers=[mean,ditto,idf,mask]",
+                         "+callbacks.sts_evaluation.pooler_args.ditto.layer=1",
+                         "+callbacks.sts_evaluation.pooler_args.ditto.head=1",
+                         "callbacks.sts_evaluation.post=[zscore]", "callbacks.sts_evaluation.dev_poolers=[mean]",
+                         "callbacks.sts_evaluation.analysis=true"])
+    trainer = train(cfg)
+    results = json.loads((out / "results.json").read_text())
+    raw = ["mask", "avg", "mean", "ditto", "idf(T)"]
+    assert list(results["scores"]) == [name for r in raw for name in (r, f"{r}+zscore(T)")]
+    assert results["provenance"]["poolers"]["ditto"]["attention_head"] == 1
+    assert results["provenance"]["post_processing"]["mean+zscore(T)"]["fit_corpus"] == "T"
+    assert set(results["analysis"]["mean"]["STSBenchmark"]) >= {"anisotropy", "uniformity"}
+    assert results["provenance"]["tasks"]["STSBenchmark"]["files"]
+    module = trainer.lightning_module
+    assert module.transformer.config._attn_implementation != "eager"  # switched back after scoring ditto
+    history = next(c for c in trainer.callbacks if type(c).__name__ == "STSEvaluationCallback").history
+    assert [set(point) - {"step", "seconds"} for point in history] == [{"mask", "avg", "mean"}] * 2
+    logged = (out / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"val/stsb_dev/mask", "val/stsb_dev/avg", "val/stsb_dev/mean"} <= set(logged)
+
+
+def test_callback_rejects_unknown_pooler_before_training(tiny_bert, real_data_root, tmp_path, nli_csv):
+    cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "o", nli_csv),
+                         "callbacks.sts_evaluation.poolers=[mean,maxx]"])
+    with pytest.raises(ConfigError, match="maxx"):
+        train(cfg)
+    assert not (tmp_path / "o" / "checkpoints").exists()

@@ -6,11 +6,12 @@ import logging
 from pathlib import Path
 
 import pytorch_lightning as pl
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.sts_evaluation import STSEvaluationCallback
-from common.errors import ConfigError
+from common.errors import ConfigError, UserError
 from data.root import resolve_data_root
 
 log = logging.getLogger(__name__)
@@ -30,20 +31,34 @@ def check_experiment_overrides(argv: list[str]) -> None:
                 raise ConfigError(f"unknown experiment {name!r}; valid experiments: {', '.join(experiment_names())}")
 
 
+def build(node, **kwargs):
+    """`hydra.utils.instantiate` with `_convert_="all"`; a user mistake raised inside a constructor comes out as
+    that one-line `UserError`, not wrapped in Hydra's multi-line InstantiationException."""
+    try:
+        return instantiate(node, _convert_="all", **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        while cause is not None and not isinstance(cause, UserError):
+            cause = cause.__cause__
+        if cause is None:
+            raise
+        raise cause from None
+
+
 def train(cfg: DictConfig) -> pl.Trainer:
     pl.seed_everything(int(cfg.seed), workers=True)
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
     # _convert_="all": modules get plain lists/dicts, so checkpoints hold no OmegaConf objects and load with
     # torch.load(weights_only=True).
-    datamodule = instantiate(cfg.data, _convert_="all")
-    module = instantiate(cfg.module, _convert_="all")
-    callbacks = [instantiate(c, _convert_="all") for c in cfg.callbacks.values() if c is not None]
+    datamodule = build(cfg.data)
+    module = build(cfg.module)
+    callbacks = [build(c) for c in cfg.callbacks.values() if c is not None]
     for callback in callbacks:
         if isinstance(callback, STSEvaluationCallback):
             callback.provenance.update(seed=int(cfg.seed), config=OmegaConf.to_container(cfg, resolve=True),
                                        held_out_tasks=list(getattr(datamodule, "held_out_tasks", ())))
-    logger = instantiate(cfg.logger) if cfg.get("logger") else False
-    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    logger = build(cfg.logger) if cfg.get("logger") else False
+    trainer: pl.Trainer = build(cfg.trainer, callbacks=callbacks, logger=logger)
     if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"checkpoint {cfg.ckpt_path} does not exist; pass ckpt_path=PATH of a saved .ckpt")
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
