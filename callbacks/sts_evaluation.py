@@ -7,7 +7,8 @@
   every configured training-free pooler (`poolers`, e.g. [mean, first_last, ditto, sbert_wk, idf]), each raw and
   through every post-processor in `post` (fitted on `fit_corpus`), all from one forward pass per input form;
   written as results.json, results.md and results.png, plus the dev curve (curve.json / curve.png).
-Every rank computes the (identical) dev scores, so no collective is needed; only rank 0 writes files.
+Under DDP only rank 0 scores (the weights are the same on every rank) and broadcasts the dev numbers; only rank 0
+writes files.
 """
 
 from __future__ import annotations
@@ -112,8 +113,13 @@ class STSEvaluationCallback(pl.Callback):
 
     def _dev_scores(self, trainer, module) -> dict[str, float]:
         started = time.perf_counter()
-        scores = self.score(module, [self.dev_task])[0]["scores"]
-        values = {pooler: row[self.dev_task] for pooler, row in scores.items()}
+        values = None
+        if trainer.is_global_zero:
+            scores = self.score(module, [self.dev_task])[0]["scores"]
+            values = {pooler: row[self.dev_task] for pooler, row in scores.items()}
+        # every rank holds the same weights, so rank 0 scores once and the others take its numbers (each rank needs
+        # them: ModelCheckpoint monitors the logged metric on every rank)
+        values = trainer.strategy.broadcast(values, src=0)
         self.history.append({"step": trainer.global_step, **values, "seconds": time.perf_counter() - started})
         log.info("step %d: %s", trainer.global_step, ", ".join(f"{k} {v:.2f}" for k, v in values.items()))
         if trainer.is_global_zero:
@@ -137,7 +143,7 @@ class STSEvaluationCallback(pl.Callback):
             module.log(self._metric(pooler), value, on_step=True, on_epoch=False, prog_bar=pooler == "mask")
 
     def on_fit_end(self, trainer, module) -> None:
-        if not self.score_best_at_end or trainer.interrupted:
+        if not self.score_best_at_end or trainer.interrupted or not trainer.is_global_zero:
             return
         checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
         if checkpoint:
@@ -145,8 +151,6 @@ class STSEvaluationCallback(pl.Callback):
             module.load_state_dict(state)
         started = time.perf_counter()
         result, encoder, poolers = self.score(module, self.final_tasks, self.extra_poolers, final=True)
-        if not trainer.is_global_zero:
-            return
         provenance = attach_scoring_details(
             scoring_provenance(encoder, module.eval_template, module.hparams.sentence_rule, None, poolers), result,
             self.fit_corpus)

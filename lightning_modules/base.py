@@ -57,6 +57,10 @@ class PromptContrastiveModule(pl.LightningModule):
         model.train()
         self.mlm_model = model if load_mlm_head else None
         self.transformer = model.base_model if load_mlm_head else model
+        # The [CLS] pooler head (dense + tanh) of BERT-like models is never used: trainable but unused parameters
+        # make DDP fail at its second step, so it is frozen (kept, so exports still load without new weights).
+        if isinstance(getattr(self.transformer, "pooler", None), torch.nn.Module):
+            self.transformer.pooler.requires_grad_(False)
         self.max_length = min(max_length or self.transformer.config.max_position_embeddings,
                               self.tokenizer.model_max_length or 10**9)
         self.builders = [self._builder(t, max_sentence_tokens) for t in self.templates]

@@ -1,5 +1,7 @@
 """2-process DDP on CPU (gloo): same loss and gradient as one process on the joined batch."""
 
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -7,6 +9,7 @@ import sys
 import torch
 
 from tests.conftest import REPO
+from tests.test_train import WIKI_SAMPLE
 
 
 def free_port() -> int:
@@ -27,3 +30,26 @@ def test_two_ranks_equal_one_process_on_joined_batch(tmp_path):
         ddp = torch.load(f"{out}-ddp.{rank}")
         torch.testing.assert_close(ddp["loss"], single["loss"], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(ddp["grad"], single["grad"], rtol=1e-10, atol=1e-12)
+
+
+def test_train_py_runs_two_process_ddp_on_cpu(tiny_bert, real_data_root, tmp_path):
+    """The real entry point under DDP (gloo, 2 CPU processes): unused trainable parameters would fail DDP at its
+    second step; only rank 0 scores dev and broadcasts, both ranks see the same numbers, one results.json."""
+    out = tmp_path / "out"
+    overrides = ["experiment=quickstart_unsup", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                 "trainer.precision=32-true", f"module.model_name_or_path={tiny_bert}", f"data_root={real_data_root}",
+                 f"output_dir={out}", "data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64",
+                 "data.batch_size=4", "data.num_workers=0", "trainer.max_steps=4", "eval_every_n_steps=2",
+                 "callbacks.sts_evaluation.final_tasks=[STSBenchmark]"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "train.py", *overrides], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    points = json.loads((out / "curve.json").read_text())["points"]
+    assert [p["step"] for p in points] == [0, 2, 4]
+    logged = [line for line in (proc.stdout + proc.stderr).splitlines() if "step 2: mask" in line]
+    assert len(logged) == 2 and len({line.split(" - ")[-1] for line in logged}) == 1  # both ranks, same numbers
+    results = json.loads((out / "results.json").read_text())
+    assert results["provenance"]["config"]["trainer"]["strategy"] == "ddp"
+    assert -100 <= results["scores"]["mask"]["STSBenchmark"] <= 100
+    assert (out / "checkpoints" / "last.ckpt").is_file()
