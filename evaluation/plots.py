@@ -1,4 +1,4 @@
-"""PNG charts of results: grouped bars, one group per task, one bar per pooler."""
+"""PNG charts of results: per-task scores of each pooler (bars, or a heatmap for many rows) and dev curves."""
 
 from __future__ import annotations
 
@@ -9,24 +9,43 @@ from common.io import atomic_write
 TASK_ABBREVIATIONS = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 
 
+MAX_BAR_ROWS = 4
+
+
 def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str) -> Path:
+    """Grouped bars (one group per task, one bar per row) for up to 4 rows; beyond that an annotated heatmap
+    (rows x tasks), which stays readable for the 20-odd rows of a poolers x post-processors run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tasks = list(next(iter(scores.values())))
-    width = 0.8 / len(scores)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(tasks) * max(1, len(scores) / 2)), 4.0))
-    for i, (pooler, row) in enumerate(scores.items()):
-        xs = [t + (i - (len(scores) - 1) / 2) * width for t in range(len(tasks))]
-        bars = ax.bar(xs, [row[task] for task in tasks], width, label=pooler)
-        ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
-    ax.set_xticks(range(len(tasks)), [TASK_ABBREVIATIONS.get(t, t) for t in tasks])
-    ax.set_ylabel("Spearman x100 (cosine)")
-    ax.set_ylim(min(0.0, *(v for row in scores.values() for v in row.values())), 100)
+    labels = [TASK_ABBREVIATIONS.get(t, t) for t in tasks]
+    if len(scores) <= MAX_BAR_ROWS:
+        width = 0.8 / len(scores)
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(tasks)), 4.0))
+        for i, (pooler, row) in enumerate(scores.items()):
+            xs = [t + (i - (len(scores) - 1) / 2) * width for t in range(len(tasks))]
+            bars = ax.bar(xs, [row[task] for task in tasks], width, label=pooler)
+            ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
+        ax.set_xticks(range(len(tasks)), labels)
+        ax.set_ylabel("Spearman x100 (cosine)")
+        ax.set_ylim(min(0.0, *(v for row in scores.values() for v in row.values())), 100)
+        ax.legend(fontsize=8, ncol=len(scores), loc="upper left")
+    else:
+        values = [[row[task] for task in tasks] for row in scores.values()]
+        fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(tasks), 1.2 + 0.32 * len(scores)))
+        image = ax.imshow(values, cmap="viridis", aspect="auto")
+        for r, row in enumerate(values):
+            for c, value in enumerate(row):
+                ax.text(c, r, f"{value:.1f}", ha="center", va="center", fontsize=7,
+                        color="white" if image.norm(value) < 0.6 else "black")
+        ax.set_xticks(range(len(tasks)), labels)
+        ax.set_yticks(range(len(scores)), list(scores), fontsize=8)
+        ax.xaxis.tick_top()
+        fig.colorbar(image, ax=ax, label="Spearman x100 (cosine)", fraction=0.04)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8, ncol=min(len(scores), 4), loc="upper left")
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)
