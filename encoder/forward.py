@@ -144,11 +144,18 @@ def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
     def pad(tensor: torch.Tensor, value) -> torch.Tensor:
         return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=value)
 
+    # None = the model's default positions; explicit ones (template-only rows) cannot mix with them
+    positions = [b.position_ids for b in batches]
+    if all(p is None for p in positions):
+        positions = None
+    elif any(p is None for p in positions):
+        raise ValueError("cannot concatenate batches with and without explicit position ids")
+
     return Batch(
         input_ids=torch.cat([pad(b.input_ids, pad_id) for b in batches]),
         attention_mask=torch.cat([pad(b.attention_mask, 0) for b in batches]),
         roles=torch.cat([pad(b.roles, PAD) for b in batches]),
         mask_token=torch.cat([pad(b.mask_token, False) for b in batches]),
         sentence_lengths=torch.cat([b.sentence_lengths for b in batches]),
-        position_ids=torch.cat([pad(b.position_ids, 0) for b in batches]),
+        position_ids=None if positions is None else torch.cat([pad(b, 0) for b in positions]),
     )

@@ -15,8 +15,8 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from common.errors import ConfigError, UserError
-from encoder.forward import run_transformer, template_biases
-from encoder.inputs import InputBuilder, InputForm, collate
+from encoder.forward import concat_batches, run_transformer, template_biases
+from encoder.inputs import Batch, InputBuilder, InputForm, collate
 from encoder.model import Encoder, load_pretrained
 from encoder.template import Template
 from lightning_modules.losses import info_nce, world_size
@@ -77,22 +77,26 @@ class PromptContrastiveModule(pl.LightningModule):
         return self.pooled_views(sentences, [builder], pooler)[0]
 
     def pooled_views(self, sentences: list[str], builders: list[InputBuilder], pooler: Pooler) -> list[torch.Tensor]:
-        """One templated view per builder; when the pooler denoises, the biases of all views come from one forward
-        (`freeze_bias` computes them without gradients)."""
+        """One templated view per builder, all views in ONE transformer forward (rows never attend across views and
+        dropout is drawn per element, so this is the same computation as a forward per view, at the fixed per-call
+        cost of one). When the pooler denoises, the biases of all views come from one more forward (`freeze_bias`
+        computes them without gradients)."""
         needs = pooler.needs
-        batches, outs = [], []
+        built: dict[int, Batch] = {}  # OptiPrompt's two dropout views share one builder: tokenize once
         for builder in builders:
-            batch = collate(builder.build(sentences), self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
-            batches.append(batch.to(self.device))
-            outs.append(run_transformer(self.transformer, batches[-1], replace(needs, template_bias=False),
-                                        builder=builder, input_embedder=self.input_embedder))
+            if id(builder) not in built:
+                built[id(builder)] = collate(builder.build(sentences), self.tokenizer.pad_token_id,
+                                             self.tokenizer.mask_token_id).to(self.device)
+        batches = [built[id(builder)] for builder in builders]
+        merged = concat_batches(batches, self.tokenizer.pad_token_id)
+        out = run_transformer(self.transformer, merged, replace(needs, template_bias=False),
+                              input_embedder=self.input_embedder)
         if needs.template_bias:
             with torch.no_grad() if self.hparams.freeze_bias else contextlib.nullcontext():
                 biases = template_biases(self.transformer, builders, [b.sentence_lengths for b in batches],
                                          needs.layers, input_embedder=self.input_embedder)
-            for out, bias in zip(outs, biases, strict=True):
-                out.template_bias = bias
-        return [pooler(out) for out in outs]
+            out.template_bias = {layer: torch.cat([bias[layer] for bias in biases]) for layer in biases[0]}
+        return list(pooler(out).split([batch.input_ids.shape[0] for batch in batches]))
 
     def contrastive_views(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(anchors, positives, hard negatives or None), each [b, D]."""

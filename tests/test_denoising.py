@@ -90,3 +90,24 @@ def test_biases_of_several_templates_in_one_forward_equal_separate_ones(tiny_ber
             alone = template_bias(model, builder, n)
             last = model.config.num_hidden_layers
             torch.testing.assert_close(joint[last], alone[last], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("denoise", [False, True])
+def test_two_views_in_one_forward_equal_one_forward_per_view(tiny_bert, denoise):
+    """pooled_views runs every view's sentences in ONE forward (+ one bias forward when denoising); the rows are
+    those of a forward per view (eval mode: no dropout), padding to the wider view changes nothing."""
+    from lightning_modules.promptbert import PromptBERTUnsup
+
+    module = PromptBERTUnsup(str(tiny_bert), denoise=denoise).eval()
+    sentences = ["a cat sits", "two dogs run in the park today", "ok"]
+    calls = []
+    handle = module.transformer.register_forward_hook(lambda mod, args, kwargs_out: calls.append(1))
+    with torch.no_grad():
+        joint = module.pooled_views(sentences, module.builders, module.train_pooler)
+        forwards = len(calls)
+        alone = [module.pooled(sentences, builder, module.train_pooler) for builder in module.builders]
+    handle.remove()
+    assert forwards == (2 if denoise else 1)
+    for got, expected in zip(joint, alone, strict=True):
+        assert got.shape == (3, module.transformer.config.hidden_size)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
