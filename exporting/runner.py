@@ -77,11 +77,21 @@ def export_checkpoint(
         record = write_hf_directory(encoder, tmp)
         write_sentence_transformers_files(tmp)
         (tmp / "README.md").write_text(model_card(record, scores, score_source), encoding="utf-8")
+        default_permissions(tmp)
         replace_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def default_permissions(directory: Path) -> None:
+    """mkdtemp (and some writers) create owner-only entries; give the export the umask's usual modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def replace_directory(tmp: Path, out: Path) -> None:

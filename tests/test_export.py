@@ -47,6 +47,12 @@ SENTENCES = [
 ]
 
 
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def sentence_transformer(directory: Path):
     from sentence_transformers import SentenceTransformer
 
@@ -134,6 +140,8 @@ def checkpoints(tiny_bert, real_data_root, tmp_path_factory) -> dict[str, Path]:
                      f"output_dir={out}", "trainer.precision=32-true", "trainer.max_steps=2", "eval_every_n_steps=2",
                      "data.batch_size=4", "data.num_workers=0", "callbacks.sts_evaluation.final_tasks=[STSBenchmark]",
                      f"callbacks.sts_evaluation.score_best_at_end={name == 'quickstart_unsup'}"]
+        if name == "quickstart_unsup":  # train.py's export hook: the best checkpoint is exported at the end
+            overrides.append(f"export_dir={out / 'export'}")
         if cfg.data._target_.endswith("TextLinesDataModule"):
             overrides += ["data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64"]
         train(compose_train(overrides))
@@ -171,6 +179,18 @@ def test_export_round_trip(checkpoints, tmp_path, name):
         results = json.loads((ckpt.parents[1] / "results.json").read_text())
         assert f"{results['scores']['mask']['STSBenchmark']:.2f}" in card
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+    assert (out.stat().st_mode & 0o777) == 0o777 & ~current_umask()  # not mkdtemp's owner-only mode
+
+
+def test_train_py_exports_the_best_checkpoint_at_the_end(checkpoints):
+    ckpt = checkpoints["quickstart_unsup"]
+    out = ckpt.parents[1] / "export"
+    record = json.loads((out / "config.json").read_text())["promptemb"]
+    assert record["source"]["checkpoint"] == str(ckpt.resolve())
+    results = json.loads((ckpt.parents[1] / "results.json").read_text())
+    assert f"| mask | {results['scores']['mask']['STSBenchmark']:.2f}" in (out / "README.md").read_text()
+    assert np.abs(sentence_transformer(out).encode(SENTENCES, convert_to_numpy=True)
+                  - load_encoder(ckpt).encode(SENTENCES)).max() <= TOL
 
 
 def test_export_avg_pooler_and_scoring(checkpoints, real_data_root, tmp_path):
