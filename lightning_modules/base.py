@@ -23,6 +23,15 @@ from lightning_modules.losses import info_nce, world_size
 from poolers.base import Pooler
 
 
+def mlm_transform_state(model: torch.nn.Module, loading_info: dict) -> dict[str, torch.Tensor] | None:
+    """Copies of the trained MLM-head transform weights (`dense.*`, `LayerNorm.*`) of a *ForMaskedLM model, or None
+    when it has no such transform or the checkpoint did not provide it (randomly initialised)."""
+    transform = getattr(getattr(getattr(model, "cls", None), "predictions", None), "transform", None)
+    if transform is None or any("transform" in key for key in loading_info.get("missing_keys", ())):
+        return None
+    return {name: tensor.detach().clone() for name, tensor in transform.state_dict().items()}
+
+
 class NonFiniteLossError(UserError):
     """The loss became NaN/inf; training stops before the optimiser step, so saved checkpoints stay good."""
 
@@ -55,7 +64,9 @@ class PromptContrastiveModule(pl.LightningModule):
             raise ConfigError(f"model {model_name_or_path!r} has no [MASK] token; prompt-based training needs one")
         # from_pretrained returns eval mode and Lightning keeps each submodule's mode: dropout must be on in training.
         model.train()
-        self.mlm_model = model if load_mlm_head else None
+        # Keep only the encoder: the *ForMaskedLM wrapper (decoder included) is not a submodule, so checkpoints hold
+        # no unused MLM weights and no duplicate keys. Its transform, if trained, is handed to subclasses as tensors.
+        self.mlm_transform_state = mlm_transform_state(model, self.loading_info) if load_mlm_head else None
         self.transformer = model.base_model if load_mlm_head else model
         # The [CLS] pooler head (dense + tanh) of BERT-like models is never used: trainable but unused parameters
         # make DDP fail at its second step, so it is frozen (kept, so exports still load without new weights).
@@ -65,6 +76,10 @@ class PromptContrastiveModule(pl.LightningModule):
                               self.tokenizer.model_max_length or 10**9)
         self.builders = [self._builder(t, max_sentence_tokens) for t in self.templates]
         self.input_embedder: torch.nn.Module | None = None
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Lightning records no class; export and `load_module_checkpoint` rebuild the module from this.
+        checkpoint["promptemb_module"] = f"{type(self).__module__}.{type(self).__qualname__}"
 
     # -- representations ------------------------------------------------------------------------------------------
 

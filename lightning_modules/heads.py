@@ -33,7 +33,7 @@ class MLMTransformHead(nn.Module):
     def forward(self, hidden):
         return self.layer_norm(self.activation(self.dense(hidden)))
 
-    def load_from_mlm_transform(self, transform: nn.Module) -> None:
-        """Copy a BertPredictionHeadTransform-like module (dense + LayerNorm)."""
-        self.dense.load_state_dict(transform.dense.state_dict())
-        self.layer_norm.load_state_dict(transform.LayerNorm.state_dict())
+    def load_from_mlm_transform_state(self, state: dict) -> None:
+        """Copy a BertPredictionHeadTransform state dict (`dense.*`, `LayerNorm.*`)."""
+        self.dense.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("dense.")})
+        self.layer_norm.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("LayerNorm.")})

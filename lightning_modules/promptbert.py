@@ -46,12 +46,10 @@ class PromptBERTSup(PromptContrastiveModule):
         self.pooler = MaskPooler("mask", denoise=True, head=self.head)
 
     def _init_head_from_checkpoint(self) -> bool:
-        model = self.mlm_model
-        transform = getattr(getattr(getattr(model, "cls", None), "predictions", None), "transform", None)
-        missing = [k for k in self.loading_info["missing_keys"] if "transform" in k] if model is not None else [1]
-        if transform is None or missing:
+        if self.mlm_transform_state is None:
             return False
-        self.head.load_from_mlm_transform(transform)
+        self.head.load_from_mlm_transform_state(self.mlm_transform_state)
+        self.mlm_transform_state = None  # used once; not part of the module's state
         return True
 
     def contrastive_views(self, batch: list[tuple[str, str, str]]):
@@ -63,6 +61,5 @@ class PromptBERTSup(PromptContrastiveModule):
         return [self.pooler, build_pooler("avg")]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint["head_initialised_from_checkpoint"] = self.head_initialised_from_checkpoint
-
-

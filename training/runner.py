@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from callbacks.sts_evaluation import STSEvaluationCallback
 from common.errors import ConfigError, UserError
 from data.root import resolve_data_root
+from exporting.runner import check_out, export_checkpoint
 
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -48,6 +49,9 @@ def build(node, **kwargs):
 def train(cfg: DictConfig) -> pl.Trainer:
     pl.seed_everything(int(cfg.seed), workers=True)
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
+    export_dir = cfg.get("export_dir")
+    if export_dir:
+        check_out(Path(export_dir), overwrite=False)  # fail before training, not after
     # _convert_="all": modules get plain lists/dicts, so checkpoints hold no OmegaConf objects and load with
     # torch.load(weights_only=True).
     datamodule = build(cfg.data)
@@ -62,4 +66,9 @@ def train(cfg: DictConfig) -> pl.Trainer:
     if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"checkpoint {cfg.ckpt_path} does not exist; pass ckpt_path=PATH of a saved .ckpt")
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    if export_dir and trainer.is_global_zero and not trainer.interrupted:
+        best = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
+        if not best:
+            raise ConfigError("export_dir is set but no checkpoint was saved; train for at least eval_every_n_steps")
+        log.info("exported %s to %s", best, export_checkpoint(best, export_dir))
     return trainer

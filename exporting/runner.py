@@ -1,0 +1,110 @@
+"""What export.py runs: checkpoint -> one directory that is a Hugging Face model dir and a sentence-transformers
+model, written to a temporary directory beside `out` and renamed into place at the end (never half-written)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from common.errors import ConfigError
+from exporting.hf_export import write_hf_directory
+from exporting.model_card import model_card
+from exporting.st_export import write_sentence_transformers_files
+from inference.prompt_encoder import PromptEncoder
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out={out} is a file; pass a directory path")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"out={out} exists and is not empty; pass overwrite=true to replace it, or another out=DIR")
+
+
+def run_scores(checkpoint: Path) -> tuple[dict | None, str | None]:
+    """The STS table of the run that wrote `checkpoint` (`<run>/results.json`, two levels up), if it scored this
+    very checkpoint."""
+    results = checkpoint.resolve().parent.parent / "results.json"
+    if not results.is_file():
+        return None, None
+    try:
+        data = json.loads(results.read_text(encoding="utf-8"))
+        scored = Path(data["provenance"]["model"]["checkpoint"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None, None
+    if scored.name != checkpoint.name:
+        return None, None
+    return data["scores"], f"the training run's final scoring of this checkpoint ({results})"
+
+
+def score_encoder(encoder: PromptEncoder, tasks: list[str], data_root: str | None) -> dict:
+    from data.root import resolve_data_root
+    from data.tasks import get_tasks
+    from evaluation.sts import evaluate_sts
+
+    result = evaluate_sts(encoder.encoder, get_tasks(tasks), resolve_data_root(data_root), [encoder.pooler],
+                          encoder.template, encoder.sentence_rule, encoder.max_sentence_tokens)
+    return result["scores"]
+
+
+def export_checkpoint(
+    ckpt: str | Path | None,
+    out: str | Path | None,
+    *,
+    pooler: str | None = None,
+    denoise: bool | None = None,
+    overwrite: bool = False,
+    score: bool = False,
+    score_tasks: tuple[str, ...] | list[str] = ("STSBenchmark",),
+    data_root: str | None = None,
+    base_model: str | None = None,
+) -> Path:
+    """Export `ckpt` to `out`; returns `out`. Nothing is written unless the whole export succeeds."""
+    if not ckpt or not out:
+        raise ConfigError("export needs ckpt=PATH (a train.py checkpoint) and out=DIR (the export directory)")
+    ckpt, out = Path(ckpt), Path(out)
+    check_out(out, overwrite)
+    encoder = PromptEncoder.from_checkpoint(ckpt, base_model=base_model, pooler=pooler, denoise=denoise)
+    scores, score_source = run_scores(ckpt)
+    if score:
+        scores = score_encoder(encoder, list(score_tasks), data_root)
+        score_source = f"export.py score=true with the exported pooler on {', '.join(score_tasks)}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        record = write_hf_directory(encoder, tmp)
+        write_sentence_transformers_files(tmp)
+        (tmp / "README.md").write_text(model_card(record, scores, score_source), encoding="utf-8")
+        default_permissions(tmp)
+        replace_directory(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def default_permissions(directory: Path) -> None:
+    """mkdtemp (and some writers) create owner-only entries; give the export the umask's usual modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def replace_directory(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out`; an existing `out` (overwrite=true, or empty) is moved aside first, then removed."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,224 @@
+"""`load_encoder(path).encode(sentences)`: a trained prompt encoder with its recorded template and pooler.
+
+Loads a train.py checkpoint (.ckpt) or an export directory (export.py) and embeds with the framework's own
+`Encoder` + poolers, i.e. exactly the code the checkpoint was scored with. `record()` is what an export writes into
+the `promptemb` block of its config.json; `from_export` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.errors import ConfigError, DataError
+from encoder.inputs import InputForm
+from encoder.model import Encoder
+from encoder.template import Template
+from lightning_modules.heads import MLMTransformHead
+from lightning_modules.soft_template import SoftTemplate
+from poolers.base import Pooler
+from poolers.mask import MaskPooler
+from poolers.mean import MeanPooler
+
+FORMAT_VERSION = 1
+POOLERS = ("mask", "avg")
+HEAD_FILE = "promptemb_head.safetensors"
+SOFT_TEMPLATE_FILE = "promptemb_soft_template.safetensors"
+
+
+def framework_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("promptemb")
+    except Exception:
+        return "0.1.0"
+
+
+class PromptEncoder:
+    """A transformer + tokenizer + template + ONE pooler (mask, optionally denoised / with a head, or avg)."""
+
+    def __init__(
+        self,
+        transformer: torch.nn.Module,
+        tokenizer,
+        *,
+        template: str,
+        sentence_rule: str = "none",
+        pooler: str = "mask",
+        layer: int = -1,
+        denoise: bool = False,
+        head: torch.nn.Module | None = None,
+        soft_template: SoftTemplate | None = None,
+        max_length: int | None = None,
+        max_sentence_tokens: int | None = None,
+        batch_size: int = 64,
+        source: dict | None = None,
+    ):
+        if pooler not in POOLERS:
+            raise ConfigError(f"unknown export pooler {pooler!r}; valid: {', '.join(POOLERS)}")
+        self.template = Template(template)
+        self.sentence_rule = sentence_rule
+        self.pooler_name = pooler
+        self.layer, self.denoise, self.head = layer, bool(denoise) and pooler == "mask", head
+        self.soft_template = soft_template
+        self.source = dict(source or {})
+        self.encoder = Encoder.from_model(transformer, tokenizer, name=self.source.get("base_model", "exported"),
+                                          batch_size=batch_size, max_length=max_length, input_embedder=soft_template)
+        self.builder = self.encoder.input_builder(InputForm(self.template, sentence_rule, max_sentence_tokens))
+        self.max_sentence_tokens = self.builder.max_sentence_tokens
+        if pooler == "mask":
+            self.pooler: Pooler = MaskPooler("mask", layer=layer, denoise=self.denoise, head=head)
+        else:
+            self.pooler = MeanPooler("avg", layers=(layer,), templated=True)
+        self.encoder.check_poolers([self.pooler], self.template)
+
+    @property
+    def transformer(self) -> torch.nn.Module:
+        return self.encoder.transformer
+
+    @property
+    def tokenizer(self):
+        return self.encoder.tokenizer
+
+    def to(self, device: str | torch.device) -> PromptEncoder:
+        for part in (self.encoder.transformer, self.head, self.soft_template):
+            if part is not None:
+                part.to(device)
+        self.encoder.device = torch.device(device)
+        return self
+
+    def encode(self, sentences: list[str] | str, batch_size: int | None = None, normalize: bool = False) -> np.ndarray:
+        """float32 [N, D] embeddings (a single string gives [D])."""
+        single = isinstance(sentences, str)
+        sentences = [sentences] if single else list(sentences)
+        if batch_size is not None:
+            self.encoder.batch_size = int(batch_size)
+        if not sentences:
+            return np.zeros((0, self.encoder.hidden_size), dtype=np.float32)
+        embeddings = self.encoder.embed(sentences, [self.pooler], self.template, self.sentence_rule,
+                                        self.max_sentence_tokens)[self.pooler.name].astype(np.float32)
+        if normalize:
+            embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+        return embeddings[0] if single else embeddings
+
+    # -- records --------------------------------------------------------------------------------------------------
+
+    def record(self) -> dict[str, Any]:
+        """The `promptemb` block of an export's config.json: everything needed to rebuild the inputs and pooler."""
+        config = self.transformer.config
+        return {
+            "format_version": FORMAT_VERSION,
+            "framework_version": framework_version(),
+            "template": self.template.text,
+            "sentence_rule": self.sentence_rule,
+            "prefix_ids": list(self.builder.prefix_ids),
+            "suffix_ids": list(self.builder.suffix_ids),
+            "max_length": self.encoder.max_length,
+            "max_sentence_tokens": self.max_sentence_tokens,
+            "pooler": {
+                "name": self.pooler_name,
+                "layer": self.layer,
+                "layers": [self.layer],
+                "denoise": self.denoise,
+                "head": None if self.head is None else {
+                    "type": "mlm_transform", "file": HEAD_FILE,
+                    "activation": getattr(config, "hidden_act", "gelu"),
+                    "layer_norm_eps": float(getattr(config, "layer_norm_eps", 1e-12)),
+                },
+            },
+            "soft_template": None if self.soft_template is None else {"file": SOFT_TEMPLATE_FILE,
+                                                                      "size": len(self.soft_template.vectors)},
+            "source": self.source,
+        }
+
+    # -- constructors ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_module(cls, module, *, pooler: str | None = None, denoise: bool | None = None,
+                    batch_size: int = 64, source: dict | None = None) -> PromptEncoder:
+        """The module's primary evaluation pooler (its [MASK] pooler, denoised and with a head as the module scores
+        checkpoints), or `pooler="avg"`; `denoise` overrides the [MASK] pooler's denoising."""
+        primary = module.eval_poolers()[0]
+        if not isinstance(primary, MaskPooler):
+            raise ConfigError(f"{type(module).__name__}'s primary evaluation pooler is not a [MASK] pooler")
+        name = pooler or "mask"
+        return cls(
+            module.transformer, module.tokenizer,
+            template=module.eval_template.text, sentence_rule=module.hparams.sentence_rule, pooler=name,
+            layer=primary.layer, denoise=primary.denoise if denoise is None else denoise,
+            head=primary.head if name == "mask" else None, soft_template=getattr(module, "soft_template", None),
+            max_length=module.max_length, max_sentence_tokens=None, batch_size=batch_size,
+            source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
+                    "base_model": module.hparams.model_name_or_path, **(source or {})},
+        )
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, *, base_model: str | None = None, **kwargs) -> PromptEncoder:
+        from lightning_modules.checkpoint import load_module_checkpoint
+
+        loaded = load_module_checkpoint(path, base_model)
+        source = {"checkpoint": str(Path(path).resolve()), "checkpoint_sha256": loaded.sha256,
+                  "global_step": loaded.global_step}
+        return cls.from_module(loaded.module, source=source, **kwargs)
+
+    @classmethod
+    def from_export(cls, directory: str | Path, *, pooler: str | None = None, batch_size: int = 64,
+                    device: str = "cpu") -> PromptEncoder:
+        from safetensors.torch import load_file
+        from transformers import AutoModel, AutoTokenizer
+
+        directory = Path(directory)
+        record = read_export_record(directory)
+        transformer = AutoModel.from_pretrained(directory).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        spec = record["pooler"]
+        head = None
+        if spec.get("head") and (pooler or spec["name"]) == "mask":
+            head = MLMTransformHead(transformer.config.hidden_size, spec["head"]["activation"],
+                                    spec["head"]["layer_norm_eps"])
+            head.load_state_dict(load_file(directory / spec["head"]["file"]))
+            head.to(device).eval()
+        soft = None
+        if record.get("soft_template"):
+            soft = SoftTemplate(record["prefix_ids"] + record["suffix_ids"], tokenizer.mask_token_id,
+                                transformer.get_input_embeddings())
+            soft.load_state_dict(load_file(directory / record["soft_template"]["file"]))
+            soft.to(device).eval()
+        encoder = cls(transformer, tokenizer, template=record["template"], sentence_rule=record["sentence_rule"],
+                      pooler=pooler or spec["name"], layer=spec["layer"], denoise=spec["denoise"], head=head,
+                      soft_template=soft, max_length=record["max_length"],
+                      max_sentence_tokens=record["max_sentence_tokens"], batch_size=batch_size,
+                      source={**record.get("source", {}), "export_dir": str(directory.resolve())})
+        if encoder.builder.prefix_ids != record["prefix_ids"] or encoder.builder.suffix_ids != record["suffix_ids"]:
+            raise DataError(f"{directory}: the tokenizer does not reproduce the recorded template ids")
+        return encoder
+
+
+def read_export_record(directory: Path) -> dict:
+    config = directory / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"{directory} is not an export directory (no config.json); run export.py first")
+    try:
+        record = json.loads(config.read_text(encoding="utf-8")).get("promptemb")
+    except json.JSONDecodeError as err:
+        raise DataError(f"{config} is not valid JSON ({err})") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{directory} has no promptemb block in config.json; it was not written by export.py")
+    if record.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{directory}: export format {record.get('format_version')} is not {FORMAT_VERSION}")
+    return record
+
+
+def load_encoder(path: str | Path, *, pooler: str | None = None, batch_size: int = 64, device: str = "cpu",
+                 base_model: str | None = None) -> PromptEncoder:
+    """A `PromptEncoder` from an export directory or a train.py checkpoint file."""
+    path = Path(path)
+    if path.is_dir():
+        return PromptEncoder.from_export(path, pooler=pooler, batch_size=batch_size, device=device)
+    encoder = PromptEncoder.from_checkpoint(path, base_model=base_model, pooler=pooler, batch_size=batch_size)
+    return encoder.to(device)

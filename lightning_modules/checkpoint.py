@@ -1,0 +1,116 @@
+"""Rebuild a trained module from a Lightning checkpoint of this framework (export, `inference.load_encoder`).
+
+The checkpoint is read with `torch.load(weights_only=True)` (train.py saves plain containers only), the module class
+comes from the `promptemb_module` record (older checkpoints: inferred from their state-dict keys), the module is
+rebuilt from `hyper_parameters` (which loads the base model's config and tokenizer from `model_name_or_path`, or from
+`base_model` when that has moved) and the trained weights are loaded strictly. Every failure is one-line UserError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.errors import ConfigError, DataError
+
+MODULE_CLASSES = {
+    "lightning_modules.promptbert.PromptBERTUnsup",
+    "lightning_modules.promptbert.PromptBERTSup",
+    "lightning_modules.optiprompt.OptiPrompt",
+}
+#: state-dict prefixes of weights older checkpoints carry but the modules no longer keep
+#: (PromptBERTSup held the whole *ForMaskedLM model as `mlm_model`, duplicating `transformer.*`)
+LEGACY_PREFIXES = ("mlm_model.",)
+
+
+@dataclass
+class LoadedCheckpoint:
+    module: torch.nn.Module  # in eval mode, on CPU
+    path: Path
+    sha256: str
+    class_path: str
+    global_step: int | None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The checkpoint dict; one-line errors for a missing, unreadable or non-promptemb file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path} does not exist; pass ckpt=PATH of a .ckpt saved by train.py")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for damaged files
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataError(f"checkpoint {path} is corrupt or not a PyTorch checkpoint ({reason[:160]})") from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict) or not isinstance(
+        checkpoint.get("hyper_parameters"), dict
+    ) or "model_name_or_path" not in checkpoint["hyper_parameters"]:
+        raise DataError(
+            f"checkpoint {path} is not a promptemb training checkpoint (no state_dict / hyper_parameters with "
+            "model_name_or_path); pass a .ckpt written by train.py"
+        )
+    return checkpoint
+
+
+def module_class_path(checkpoint: dict) -> str:
+    recorded = checkpoint.get("promptemb_module")
+    if recorded:
+        if recorded not in MODULE_CLASSES:
+            known = ", ".join(sorted(MODULE_CLASSES))
+            raise DataError(f"checkpoint module class {recorded!r} is unknown; known: {known}")
+        return recorded
+    keys = checkpoint["state_dict"].keys()
+    if any(key.startswith("soft_template.") for key in keys):
+        return "lightning_modules.optiprompt.OptiPrompt"
+    if any(key.startswith("head.") for key in keys):
+        return "lightning_modules.promptbert.PromptBERTSup"
+    if any(key.startswith("mlp.") for key in keys):
+        return "lightning_modules.promptbert.PromptBERTUnsup"
+    raise DataError("cannot tell which module wrote this checkpoint (no soft_template/head/mlp weights)")
+
+
+def load_module_checkpoint(path: str | Path, base_model: str | None = None) -> LoadedCheckpoint:
+    """Rebuild the module of a train.py checkpoint with its trained weights (eval mode, CPU)."""
+    path = Path(path)
+    checkpoint = read_checkpoint(path)
+    class_path = module_class_path(checkpoint)
+    module_name, class_name = class_path.rsplit(".", 1)
+    module_cls = getattr(importlib.import_module(module_name), class_name)
+    hparams = dict(checkpoint["hyper_parameters"])
+    if base_model:
+        hparams["model_name_or_path"] = base_model
+    if class_path.endswith("OptiPrompt") and "templates" in hparams:
+        hparams["template"] = hparams.pop("templates")[0]
+    try:
+        module = module_cls(**hparams)
+    except TypeError as err:
+        raise DataError(f"checkpoint {path}: its hyper_parameters do not fit {class_name} ({err})") from None
+    state = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(LEGACY_PREFIXES)}
+    try:
+        result = module.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shape mismatches
+        raise DataError(f"checkpoint {path} does not match {class_name} built from "
+                        f"{hparams['model_name_or_path']!r} ({str(err).splitlines()[0][:160]}); pass base_model= "
+                        "the model it was trained from") from None
+    if result.missing_keys or result.unexpected_keys:
+        problem = result.missing_keys[:1] or result.unexpected_keys[:1]
+        raise DataError(
+            f"checkpoint {path} does not match {class_name} built from {hparams['model_name_or_path']!r} "
+            f"({len(result.missing_keys)} missing, {len(result.unexpected_keys)} unexpected weights, e.g. "
+            f"{problem[0]}); pass base_model= the model it was trained from"
+        )
+    module.eval()
+    return LoadedCheckpoint(module=module, path=path, sha256=sha256_file(path), class_path=class_path,
+                            global_step=checkpoint.get("global_step"))

@@ -1,0 +1,331 @@
+"""Export (HF + sentence-transformers directory), the Python encode API and the MTEB wrapper (issue #5 items 3-4).
+
+Fast tests use tiny random BERTs: checkpoints come from 2-step train.py runs of the three quickstart experiments.
+`exporting/st_module.py` re-implements templating and pooling standalone; the agreement tests here keep it in sync
+with encoder/ and poolers/.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from common.errors import ConfigError, DataError
+from encoder.template import Template
+from exporting.hf_export import write_hf_directory
+from exporting.runner import export_checkpoint
+from exporting.st_export import write_sentence_transformers_files
+from inference import PromptEncoder, load_encoder
+from lightning_modules.checkpoint import load_module_checkpoint
+from lightning_modules.optiprompt import OptiPrompt
+from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
+from tests.conftest import REPO
+from training.runner import train
+
+TOL = 1e-5
+WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
+# lengths 1..~190 tokens (truncated at the room left by the template), a literal [MASK] and template words inside
+# the sentence (positions are found by offset, never by token search), quotes and a trailing `?` (sentence rules)
+SENTENCES = [
+    "a man plays a guitar .",
+    "short",
+    "This sentence : means [MASK] itself , this sentence of means .",
+    "word " * 190,
+    'he said "this" means nothing?',
+    "two dogs run in a field while a plane lands at night and the sun is shining",
+    "x " * 40,
+    "A woman is slicing onions",
+]
+
+
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def sentence_transformer(directory: Path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(directory), trust_remote_code=True, device="cpu")
+
+
+def framework_embeddings(module, sentences, pooler_index: int = 0) -> np.ndarray:
+    """What the training callback scores: the module's evaluation encoder and evaluation pooler."""
+    module.eval()
+    encoder, pooler = module.evaluation_encoder(batch_size=3), module.eval_poolers()[pooler_index]
+    return encoder.embed(sentences, [pooler], module.eval_template, module.hparams.sentence_rule)[pooler.name]
+
+
+def export_encoder(encoder: PromptEncoder, directory: Path) -> Path:
+    directory.mkdir()
+    write_hf_directory(encoder, directory)
+    write_sentence_transformers_files(directory)
+    return directory
+
+
+# -- the standalone sentence-transformers module vs the framework ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "pooler", "denoise", "max_sentence_tokens", "rule"),
+    [("unsup", "mask", False, None, "none"), ("unsup", "mask", True, 5, "promptbert"),
+     ("unsup", "avg", False, 7, "append_period"), ("sup", "mask", True, None, "none"),
+     ("sup", "avg", False, None, "none"), ("opti", "mask", True, 6, "none"), ("opti", "avg", False, None, "none")],
+)
+def test_standalone_module_equals_framework(tiny_bert, tmp_path, kind, pooler, denoise, max_sentence_tokens, rule):
+    if kind == "unsup":
+        module = PromptBERTUnsup(str(tiny_bert), sentence_rule=rule)
+    elif kind == "sup":
+        module = PromptBERTSup(str(tiny_bert), sentence_rule=rule)
+    else:
+        module = OptiPrompt(str(tiny_bert), sentence_rule=rule)
+        with torch.no_grad():  # trained-looking soft template, far from the manual template's embeddings
+            module.soft_template.vectors.add_(torch.randn_like(module.soft_template.vectors))
+    module.eval()
+    head = getattr(module, "head", None) if pooler == "mask" else None
+    encoder = PromptEncoder(module.transformer, module.tokenizer, template=module.eval_template.text,
+                            sentence_rule=rule, pooler=pooler, denoise=denoise, head=head,
+                            soft_template=getattr(module, "soft_template", None), max_length=module.max_length,
+                            max_sentence_tokens=max_sentence_tokens, batch_size=3)
+    reference = encoder.encode(SENTENCES)
+    directory = export_encoder(encoder, tmp_path / "export")
+    for batch_size in (1, 3, 8):  # different padding per batch
+        got = sentence_transformer(directory).encode(SENTENCES, batch_size=batch_size, convert_to_numpy=True)
+        assert np.abs(got - reference).max() <= TOL
+    assert np.abs(load_encoder(directory).encode(SENTENCES) - reference).max() <= TOL
+    if max_sentence_tokens is not None:  # truncation really happened and both sides did it the same way
+        lengths = sentence_transformer(directory)[0].preprocess(SENTENCES)["sentence_lengths"]
+        assert lengths.max().item() == max_sentence_tokens
+
+
+def test_standalone_module_imports_no_framework_code():
+    source = (REPO / "exporting" / "st_module.py").read_text()
+    project = {p.name for p in REPO.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert not imported & project, f"the exported module imports project packages {imported & project}"
+    assert imported <= {"__future__", "json", "os", "torch", "safetensors", "transformers", "sentence_transformers"}
+
+
+# -- checkpoints from real (2-step) training runs ----------------------------------------------------------------------
+
+
+def compose_train(overrides):
+    with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_bert, real_data_root, tmp_path_factory) -> dict[str, Path]:
+    """Best checkpoint of a 2-step run of each quickstart experiment on the tiny BERT (unsup: with results.json)."""
+    paths = {}
+    for name in ("quickstart_unsup", "quickstart_sup", "quickstart_optiprompt"):
+        out = tmp_path_factory.mktemp(name)
+        cfg = compose_train([f"experiment={name}"])
+        overrides = [f"experiment={name}", f"module.model_name_or_path={tiny_bert}", f"data_root={real_data_root}",
+                     f"output_dir={out}", "trainer.precision=32-true", "trainer.max_steps=2", "eval_every_n_steps=2",
+                     "data.batch_size=4", "data.num_workers=0", "callbacks.sts_evaluation.final_tasks=[STSBenchmark]",
+                     f"callbacks.sts_evaluation.score_best_at_end={name == 'quickstart_unsup'}"]
+        if name == "quickstart_unsup":  # train.py's export hook: the best checkpoint is exported at the end
+            overrides.append(f"export_dir={out / 'export'}")
+        if cfg.data._target_.endswith("TextLinesDataModule"):
+            overrides += ["data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64"]
+        train(compose_train(overrides))
+        paths[name] = next(p for p in (out / "checkpoints").glob("step*.ckpt"))
+    return paths
+
+
+@pytest.mark.parametrize("name", ["quickstart_unsup", "quickstart_sup", "quickstart_optiprompt"])
+def test_export_round_trip(checkpoints, tmp_path, name):
+    from transformers import AutoModel
+
+    ckpt = checkpoints[name]
+    module = load_module_checkpoint(ckpt).module
+    reference = framework_embeddings(module, SENTENCES)
+    out = export_checkpoint(ckpt, tmp_path / "export")
+    st = sentence_transformer(out).encode(SENTENCES, batch_size=4, convert_to_numpy=True)
+    from_dir = load_encoder(out).encode(SENTENCES)
+    from_ckpt = load_encoder(ckpt).encode(SENTENCES)
+    for got in (st, from_dir, from_ckpt):
+        assert np.abs(got - reference).max() <= TOL
+
+    record = json.loads((out / "config.json").read_text())["promptemb"]
+    assert record["template"] == module.eval_template.text
+    assert record["pooler"]["name"] == "mask" and record["pooler"]["layers"] == [-1]
+    assert record["pooler"]["denoise"] == (name == "quickstart_sup")  # unsup evaluates without denoising
+    assert (record["pooler"]["head"] is not None) == (name == "quickstart_sup")
+    assert (record["soft_template"] is not None) == (name == "quickstart_optiprompt")
+    assert record["source"]["checkpoint_sha256"] == load_module_checkpoint(ckpt).sha256
+    model = AutoModel.from_pretrained(out)  # plain transformers loads it, with the record in its config
+    assert model.config.promptemb["template"] == record["template"]
+    torch.testing.assert_close(model.get_input_embeddings().weight, module.transformer.get_input_embeddings().weight)
+    card = (out / "README.md").read_text()
+    assert "trust_remote_code=True" in card and record["template"] in card
+    if name == "quickstart_unsup":  # the run's results.json scored this checkpoint: its table is in the card
+        results = json.loads((ckpt.parents[1] / "results.json").read_text())
+        assert f"{results['scores']['mask']['STSBenchmark']:.2f}" in card
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+    assert (out.stat().st_mode & 0o777) == 0o777 & ~current_umask()  # not mkdtemp's owner-only mode
+
+
+def test_train_py_exports_the_best_checkpoint_at_the_end(checkpoints):
+    ckpt = checkpoints["quickstart_unsup"]
+    out = ckpt.parents[1] / "export"
+    record = json.loads((out / "config.json").read_text())["promptemb"]
+    assert record["source"]["checkpoint"] == str(ckpt.resolve())
+    results = json.loads((ckpt.parents[1] / "results.json").read_text())
+    assert f"| mask | {results['scores']['mask']['STSBenchmark']:.2f}" in (out / "README.md").read_text()
+    assert np.abs(sentence_transformer(out).encode(SENTENCES, convert_to_numpy=True)
+                  - load_encoder(ckpt).encode(SENTENCES)).max() <= TOL
+
+
+def test_export_avg_pooler_and_scoring(checkpoints, real_data_root, tmp_path):
+    ckpt = checkpoints["quickstart_sup"]
+    module = load_module_checkpoint(ckpt).module
+    out = export_checkpoint(ckpt, tmp_path / "avg", pooler="avg", score=True, data_root=str(real_data_root))
+    reference = framework_embeddings(module, SENTENCES, pooler_index=1)
+    assert np.abs(sentence_transformer(out).encode(SENTENCES, convert_to_numpy=True) - reference).max() <= TOL
+    record = json.loads((out / "config.json").read_text())["promptemb"]
+    assert record["pooler"] == {"name": "avg", "layer": -1, "layers": [-1], "denoise": False, "head": None}
+    assert "| avg |" in (out / "README.md").read_text()
+
+
+def test_existing_out_is_refused_unless_overwrite(checkpoints, tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(ConfigError, match=r"exists and is not empty; pass overwrite=true"):
+        export_checkpoint(checkpoints["quickstart_unsup"], out)
+    assert (out / "keep.txt").exists()
+    export_checkpoint(checkpoints["quickstart_unsup"], out, overwrite=True)
+    assert not (out / "keep.txt").exists() and (out / "modules.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_supervised_checkpoint_has_no_mlm_model_and_legacy_ones_still_load(checkpoints, tmp_path):
+    ckpt = checkpoints["quickstart_sup"]
+    saved = torch.load(ckpt, weights_only=True)
+    assert not [k for k in saved["state_dict"] if k.startswith("mlm_model.")]
+    assert saved["promptemb_module"] == "lightning_modules.promptbert.PromptBERTSup"
+    assert {k.split(".")[0] for k in saved["state_dict"]} == {"transformer", "head"}
+    # a checkpoint written before the fix: duplicate `mlm_model.*` keys (decoder included), no class record
+    legacy = dict(saved)
+    legacy.pop("promptemb_module")
+    legacy["state_dict"] = {**saved["state_dict"],
+                            **{"mlm_model.bert." + k[len("transformer."):]: v for k, v in saved["state_dict"].items()
+                               if k.startswith("transformer.")},
+                            "mlm_model.cls.predictions.bias": torch.zeros(30522)}
+    torch.save(legacy, tmp_path / "legacy.ckpt")
+    loaded = load_module_checkpoint(tmp_path / "legacy.ckpt")
+    assert loaded.class_path.endswith("PromptBERTSup")
+    assert np.abs(load_encoder(tmp_path / "legacy.ckpt").encode(SENTENCES) - load_encoder(ckpt).encode(SENTENCES)
+                  ).max() == 0
+
+
+# -- bad input ------------------------------------------------------------------------------------------------------
+
+
+def run_export(*overrides):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "export.py", *overrides], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "not_promptemb", "no_args"])
+def test_bad_checkpoint_is_one_line_error_and_writes_nothing(tmp_path, case):
+    ckpt = tmp_path / "model.ckpt"
+    if case == "corrupt":
+        ckpt.write_bytes(b"PK\x03\x04 definitely not a zip archive" * 10)
+    elif case == "not_promptemb":
+        torch.save({"state_dict": {"w": torch.zeros(2)}}, ckpt)
+    out = tmp_path / "out"
+    proc = run_export(*([] if case == "no_args" else [f"ckpt={ckpt}", f"out={out}"]))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    expected = {"missing": "does not exist", "corrupt": "is corrupt or not a PyTorch checkpoint",
+                "not_promptemb": "is not a promptemb training checkpoint", "no_args": "export needs ckpt=PATH"}[case]
+    assert expected in lines[0]
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if case in ("missing", "no_args") else ["model.ckpt"])
+
+
+def test_api_errors(tmp_path):
+    with pytest.raises(ConfigError, match="is not an export directory"):
+        load_encoder(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_encoder(tmp_path / "nope.ckpt")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="no promptemb block"):
+        load_encoder(tmp_path)
+    with pytest.raises(DataError, match="corrupt"):
+        (tmp_path / "x.ckpt").write_text("garbage")
+        load_encoder(tmp_path / "x.ckpt")
+
+
+# -- MTEB -------------------------------------------------------------------------------------------------------------
+
+
+def test_mteb_wrapper_on_mteb_mock_sts_task(tiny_bert):
+    mteb = pytest.importorskip("mteb")
+    from mteb.mocks.mock_tasks.sts import MockSTSTask
+
+    from evaluation.sts import cosine_rows, spearman_x100
+    from inference.mteb_wrapper import MTEBEncoder
+    from tests.helpers import STS_A, STS_B
+
+    rows = [row for row in STS_A + STS_B if row[2]]
+
+    class TinySTS(MockSTSTask):  # MTEB's in-package mock STS task, with more pairs than its two
+        def load_data(self, **kwargs):
+            from datasets import Dataset, DatasetDict
+
+            self.dataset = DatasetDict({"test": Dataset.from_dict({
+                "sentence1": [r[0] for r in rows], "sentence2": [r[1] for r in rows],
+                "score": [float(r[2]) / 5 for r in rows]})})
+            self.data_loaded = True
+
+    module = PromptBERTSup(str(tiny_bert)).eval()
+    encoder = PromptEncoder.from_module(module)
+    wrapper = MTEBEncoder(encoder)
+    result = mteb.evaluate(wrapper, [MockSTSTask(), TinySTS()], cache=None, show_progress_bar=False)
+    scores = [r.scores["test"][0] for r in result.task_results]
+    assert scores[0]["main_score"] == pytest.approx(1.0)  # the mock's own 2 pairs run through
+    left, right = encoder.encode([r[0] for r in rows]), encoder.encode([r[1] for r in rows])
+    expected = spearman_x100(cosine_rows(left, right), np.array([float(r[2]) for r in rows]))
+    assert scores[1]["cosine_spearman"] * 100 == pytest.approx(expected, abs=1e-9)
+    # mteb 1.x calling convention: a plain list of sentences
+    assert np.abs(wrapper.encode(["a b", "c"]) - encoder.encode(["a b", "c"])).max() == 0
+
+
+# -- the real model (slow) ------------------------------------------------------------------------------------------
+
+REAL_CKPT = Path(os.environ.get("PROMPTEMB_EXPORT_CKPT", "/work/artifacts/quickstart_unsup_step25.ckpt"))
+
+
+@pytest.mark.slow
+def test_minilm_export_round_trip(tmp_path, real_data_root):
+    if not REAL_CKPT.is_file():
+        pytest.skip(f"no quickstart_unsup checkpoint at {REAL_CKPT} (set PROMPTEMB_EXPORT_CKPT)")
+    module = load_module_checkpoint(REAL_CKPT).module
+    sentences = [line.split("\t")[5] for line in (real_data_root / "downstream/STS/STSBenchmark/sts-test.csv")
+                 .read_text(encoding="utf-8").splitlines()[:200]]
+    reference = framework_embeddings(module, sentences)
+    out = export_checkpoint(REAL_CKPT, tmp_path / "minilm")
+    assert np.abs(sentence_transformer(out).encode(sentences, convert_to_numpy=True) - reference).max() <= TOL
+    assert np.abs(load_encoder(out).encode(sentences) - reference).max() <= TOL
+    assert Template(json.loads((out / "config.json").read_text())["promptemb"]["template"]).num_masks == 1
