@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from common.cli import quote_free_text_overrides
 from common.errors import exit_on_user_error
-from training.runner import check_experiment_overrides, train
+from training.runner import check_experiment_overrides, check_override_keys, train
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -19,4 +19,5 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     exit_on_user_error(check_experiment_overrides)(sys.argv[1:])
     sys.argv = quote_free_text_overrides(sys.argv)
+    exit_on_user_error(check_override_keys)(sys.argv[1:])
     main()
