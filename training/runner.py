@@ -78,12 +78,12 @@ def check_override_keys(argv: list[str]) -> None:
 
 
 def train(cfg: DictConfig) -> pl.Trainer:
-    pl.seed_everything(int(cfg.seed), workers=True)
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
     if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"checkpoint {cfg.ckpt_path} does not exist; pass ckpt_path=PATH of a saved .ckpt")
     # W&B: credentials checked and the resumed run id read from the checkpoint before any run is created.
     loggers = build_loggers(cfg.get("logger"), cfg.ckpt_path)
+    pl.seed_everything(int(cfg.seed), workers=True)
     # _convert_="all": modules get plain lists/dicts, so checkpoints hold no OmegaConf objects and load with
     # torch.load(weights_only=True).
     datamodule = instantiate(cfg.data, _convert_="all")
