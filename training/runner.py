@@ -37,12 +37,9 @@ def check_experiment_overrides(argv: list[str]) -> None:
                 raise ConfigError(f"unknown experiment {name!r}; valid experiments: {', '.join(experiment_names())}")
 
 
-def _dotted_keys(node, prefix: str = "") -> list[str]:
-    keys = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            keys += [f"{prefix}{key}", *_dotted_keys(value, f"{prefix}{key}.")]
-    return keys
+#: Common spellings of keys this config names differently (for the "did you mean" hint).
+KEY_ALIASES = {"learning_rate": "lr", "tau": "temperature", "temp": "temperature", "bs": "batch_size",
+               "batch": "batch_size", "template_pair": "templates", "steps": "max_steps", "epochs": "max_epochs"}
 
 
 def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
@@ -52,8 +49,12 @@ def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("train", overrides=base)
-        close = difflib.get_close_matches(key, _dotted_keys(OmegaConf.to_container(cfg)), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        parent, _, leaf = key.lstrip("+~").rpartition(".")
+        siblings = OmegaConf.select(cfg, parent) if parent else cfg
+        names = [str(k) for k in siblings] if OmegaConf.is_dict(siblings) else []
+        guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in names else None
+        guess = guess or next(iter(difflib.get_close_matches(leaf, names, n=1, cutoff=0.75)), None)
+        hint = f"did you mean {'.'.join(filter(None, (parent, guess)))!r}? " if guess else ""
     except Exception:  # the other overrides do not compose either: no suggestion
         pass
     return (f"{where}{key!r} is not a key of train.py's config; {hint}"
