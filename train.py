@@ -12,8 +12,10 @@ from training.runner import check_experiment_overrides, check_override_keys, tra
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 @exit_on_user_error
-def main(cfg: DictConfig) -> None:
-    train(cfg)
+def main(cfg: DictConfig) -> float | None:
+    """Returns the best STS-B dev score (the objective for Hydra's Optuna sweeper, `hydra/sweeper=optuna`)."""
+    best = getattr(train(cfg).checkpoint_callback, "best_model_score", None)
+    return float(best) if best is not None else None
 
 
 if __name__ == "__main__":
