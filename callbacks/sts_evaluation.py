@@ -29,6 +29,7 @@ from evaluation.corpora import TARGET, Corpora
 from evaluation.plots import plot_curve
 from evaluation.report import attach_scoring_details, scoring_provenance, write_report
 from evaluation.sts import evaluate_sts
+from evaluation.wandb_tables import log_sts_tables
 from poolers import build_poolers
 from poolers.base import Pooler
 from postprocessing import build_posts
@@ -132,8 +133,8 @@ class STSEvaluationCallback(pl.Callback):
     def on_train_start(self, trainer, module) -> None:
         if self.evaluate_before_training and trainer.global_step == 0:
             values = self._dev_scores(trainer, module)
-            if trainer.logger is not None:
-                trainer.logger.log_metrics({self._metric(p): v for p, v in values.items()}, step=0)
+            for logger in trainer.loggers:
+                logger.log_metrics({self._metric(p): v for p, v in values.items()}, step=0)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -162,6 +163,7 @@ class STSEvaluationCallback(pl.Callback):
         write_report(self.output_dir, {"scores": result["scores"], "details": result["details"],
                                        "analysis": result["analysis"], "provenance": provenance})
         log.info("final scores written to %s", self.output_dir / "results.md")
+        log_sts_tables(trainer.loggers, result, step=trainer.global_step, image_path=self.output_dir / "results.png")
 
     def _write_curve(self) -> None:
         atomic_write_json(self.output_dir / "curve.json", {"metric": self._metric("<pooler>"),

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
+import re
 from pathlib import Path
 
 import pytorch_lightning as pl
-from hydra.errors import InstantiationException
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.loggers import WandbLogger
 
 from callbacks.sts_evaluation import STSEvaluationCallback
+from callbacks.wandb_run import WandbRunCallback
 from common.errors import ConfigError, UserError
 from data.root import resolve_data_root
 from exporting.runner import check_out, export_checkpoint
+from training.loggers import build_loggers, finish_wandb, log_config
 
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -46,12 +52,57 @@ def build(node, **kwargs):
         raise cause from None
 
 
+#: Common spellings of keys this config names differently (for the "did you mean" hint).
+KEY_ALIASES = {"learning_rate": "lr", "tau": "temperature", "temp": "temperature", "bs": "batch_size",
+               "batch": "batch_size", "template_pair": "templates", "steps": "max_steps", "epochs": "max_epochs"}
+
+
+def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
+    """One line naming an override key that train.py's config does not have, with the closest existing key."""
+    base = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
+    hint = ""
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=base)
+        parent, _, leaf = key.lstrip("+~").rpartition(".")
+        siblings = OmegaConf.select(cfg, parent) if parent else cfg
+        names = [str(k) for k in siblings] if OmegaConf.is_dict(siblings) else []
+        guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in names else None
+        guess = guess or next(iter(difflib.get_close_matches(leaf, names, n=1, cutoff=0.75)), None)
+        hint = f"did you mean {'.'.join(filter(None, (parent, guess)))!r}? " if guess else ""
+    except Exception:  # the other overrides do not compose either: no suggestion
+        pass
+    return (f"{where}{key!r} is not a key of train.py's config; {hint}"
+            f"prefix it with '+' (+{key}=...) only if it is really a new key")
+
+
+def check_override_keys(argv: list[str]) -> None:
+    """Fail with one line naming an override key the composed config does not have (Hydra's own error is a
+    multi-line traceback hint). Hydra flags (-m, --cfg, ...) and hydra.* overrides are left to Hydra."""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    overrides = [arg for arg in argv if not arg.startswith(("hydra.", "hydra/"))]
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            compose("train", overrides=overrides)
+    except ConfigCompositionException as err:
+        match = re.search(r"Could not override '([^']+)'", str(err))
+        if match:
+            raise ConfigError(unknown_key_message(match.group(1), overrides)) from None
+    except Exception:  # anything else: Hydra reports it when train.py composes for real
+        pass
+
+
 def train(cfg: DictConfig) -> pl.Trainer:
-    pl.seed_everything(int(cfg.seed), workers=True)
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
+        raise ConfigError(f"checkpoint {cfg.ckpt_path} does not exist; pass ckpt_path=PATH of a saved .ckpt")
     export_dir = cfg.get("export_dir")
     if export_dir:
         check_out(Path(export_dir), overwrite=False)  # fail before training, not after
+    # W&B: credentials checked and the resumed run id read from the checkpoint before any run is created.
+    loggers = build_loggers(cfg.get("logger"), cfg.ckpt_path)
+    pl.seed_everything(int(cfg.seed), workers=True)
     # _convert_="all": modules get plain lists/dicts, so checkpoints hold no OmegaConf objects and load with
     # torch.load(weights_only=True).
     datamodule = build(cfg.data)
@@ -61,11 +112,16 @@ def train(cfg: DictConfig) -> pl.Trainer:
         if isinstance(callback, STSEvaluationCallback):
             callback.provenance.update(seed=int(cfg.seed), config=OmegaConf.to_container(cfg, resolve=True),
                                        held_out_tasks=list(getattr(datamodule, "held_out_tasks", ())))
-    logger = build(cfg.logger) if cfg.get("logger") else False
-    trainer: pl.Trainer = build(cfg.trainer, callbacks=callbacks, logger=logger)
-    if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
-        raise ConfigError(f"checkpoint {cfg.ckpt_path} does not exist; pass ckpt_path=PATH of a saved .ckpt")
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    if any(isinstance(lg, WandbLogger) for lg in loggers):
+        callbacks.append(WandbRunCallback())
+    trainer: pl.Trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    log_config(loggers, cfg)
+    exit_code = 1
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        exit_code = 0
+    finally:
+        finish_wandb(loggers, exit_code)
     if export_dir and trainer.is_global_zero and not trainer.interrupted:
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
         if not best:

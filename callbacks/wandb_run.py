@@ -1,0 +1,24 @@
+"""Saves the W&B run id with every checkpoint, so `ckpt_path=...` resumes the same W&B run.
+
+The id goes to `checkpoint["wandb"]` (read back by `training.loggers.read_wandb_run_id` BEFORE the logger is
+created: W&B needs the id at `wandb.init`, which is earlier than Lightning restores callback states).
+"""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+from pytorch_lightning.loggers import WandbLogger
+
+from training.loggers import CHECKPOINT_KEY
+
+
+class WandbRunCallback(pl.Callback):
+    def on_save_checkpoint(self, trainer, module, checkpoint: dict) -> None:
+        if not trainer.is_global_zero:  # rank 0 writes the checkpoint file
+            return
+        for logger in trainer.loggers:
+            run = logger.experiment if isinstance(logger, WandbLogger) else None
+            if run is not None and not getattr(run, "disabled", False) and getattr(run, "id", None):
+                checkpoint[CHECKPOINT_KEY] = {"run_id": run.id, "project": getattr(run, "project", None),
+                                              "name": getattr(run, "name", None)}
+                return
