@@ -130,18 +130,25 @@ class STSEvaluationCallback(pl.Callback):
     def _metric(self, pooler: str) -> str:
         return f"val/{self.dev_task.lower().replace('stsbenchmark-', 'stsb_')}/{pooler}"
 
+    def _log(self, trainer, values: dict[str, float], step: int) -> None:
+        """Dev scores to every logger at the optimiser step they were taken after (as curve.json and the checkpoint
+        names); `module.log` would file them under the batch's index, one step lower."""
+        for logger in trainer.loggers:
+            logger.log_metrics({self._metric(p): v for p, v in values.items()}, step=step)
+
     def on_train_start(self, trainer, module) -> None:
         if self.evaluate_before_training and trainer.global_step == 0:
-            values = self._dev_scores(trainer, module)
-            for logger in trainer.loggers:
-                logger.log_metrics({self._metric(p): v for p, v in values.items()}, step=0)
+            self._log(trainer, self._dev_scores(trainer, module), step=0)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if step == 0 or step % self.every_n_steps or (self.history and self.history[-1]["step"] == step):
             return
-        for pooler, value in self._dev_scores(trainer, module).items():
-            module.log(self._metric(pooler), value, on_step=True, on_epoch=False, prog_bar=pooler == "mask")
+        values = self._dev_scores(trainer, module)
+        for pooler, value in values.items():  # callback_metrics: what ModelCheckpoint monitors, and the progress bar
+            module.log(self._metric(pooler), value, on_step=True, on_epoch=False, prog_bar=pooler == "mask",
+                       logger=False)
+        self._log(trainer, values, step)
 
     def on_fit_end(self, trainer, module) -> None:
         if not self.score_best_at_end or trainer.interrupted or not trainer.is_global_zero:

@@ -57,11 +57,10 @@ def test_offline_run_logs_config_metrics_sts_table_and_resume_keeps_run_id(tiny_
     assert logged["config"]["module"]["model_name_or_path"] == str(tiny_bert)
     steps = {name: sorted(h["trainer/global_step"] for h in logged["history"] if name in h)
              for name in ("train/loss", "val/stsb_dev/mask", "final/sts/path", "final/sts/mask/STSBenchmark")}
-    # Lightning logs what a batch produced at that batch's index: the loss of batches 0 and 1, and the dev score
-    # taken after the 2nd optimiser step (curve.json / the checkpoint name say step 2) at index 1; step 0 = before
-    # training (logged by the callback itself)
+    # Lightning logs the loss of batches 0 and 1 at their index; the callback logs each dev score at the optimiser
+    # step it was taken after (0 = before training, 2 = after the 2nd step), as curve.json and checkpoint names do
     assert steps["train/loss"] == [0, 1], logged["history"]
-    assert steps["val/stsb_dev/mask"] == [0, 1]
+    assert steps["val/stsb_dev/mask"] == [0, 2]
     assert steps["final/sts/path"] == steps["final/sts/mask/STSBenchmark"] == [2]
 
     # the run id travels with the checkpoint; resuming continues the same W&B run
