@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -28,7 +30,7 @@ from evaluation.analysis import analyse_task
 from evaluation.corpora import TARGET, Corpora
 from evaluation.plots import plot_curve
 from evaluation.report import attach_scoring_details, scoring_provenance, write_report
-from evaluation.sts import evaluate_sts
+from evaluation.sts import check_scoring, evaluate_sts
 from evaluation.wandb_tables import log_sts_tables
 from poolers import build_poolers
 from poolers.base import Pooler
@@ -74,7 +76,7 @@ class STSEvaluationCallback(pl.Callback):
         self.dev_extra_poolers = list(dev_poolers)
         self.fit_corpus = fit_corpus
         self.analysis = analysis
-        # built now, so an unknown name or bad argument fails before training starts, not after it
+        # built now, so an unknown name or argument fails at instantiation; model-dependent checks: on_fit_start
         self._build(sorted({*self.extra_poolers, *self.dev_extra_poolers}), check_args=True)
         self.posts = build_posts(list(post), dict(post_args or {}))
         Corpora.check_label(fit_corpus)
@@ -91,26 +93,45 @@ class STSEvaluationCallback(pl.Callback):
         names = {pooler.name for pooler in own}
         return own + [p for p in self._build(extra) if p.name not in names]
 
-    def score(self, module, tasks: list[str], extra_poolers: list[str] | None = None, final: bool = False,
-              ) -> tuple[dict, Encoder, list[Pooler]]:
-        """(evaluate_sts result, the encoder and the poolers that produced it), in eval mode. `final` adds the
-        post-processors and analysis metrics."""
+    @contextmanager
+    def _scoring(self, module, extra_poolers: list[str]) -> Iterator[tuple[Encoder, list[Pooler]]]:
+        """The module in eval mode (eager attention while a pooler reads attention probabilities) with its
+        evaluation encoder and poolers; the training state is restored on exit."""
         was_training = module.training
         module.eval()
-        poolers = self.poolers_for(module, self.dev_extra_poolers if extra_poolers is None else extra_poolers)
-        root = resolve_data_root(self.data_root)
+        poolers = self.poolers_for(module, extra_poolers)
         attention = "eager" if combine_needs(poolers).attentions else None
         try:
             with attention_implementation(module.transformer, attention):
-                encoder = module.evaluation_encoder(self.batch_size)
-                result = evaluate_sts(
-                    encoder, get_tasks(tasks), root, poolers, module.eval_template, module.hparams.sentence_rule,
-                    posts=self.posts if final else (), fit_corpus=self.fit_corpus,
-                    corpora=Corpora(root, load_registry()), analyse=analyse_task if final and self.analysis else None,
-                )
-            return result, encoder, poolers
+                yield module.evaluation_encoder(self.batch_size), poolers
         finally:
             module.train(was_training)
+
+    def _corpora(self) -> Corpora:
+        return Corpora(resolve_data_root(self.data_root), load_registry())
+
+    def score(self, module, tasks: list[str], extra_poolers: list[str] | None = None, final: bool = False,
+              ) -> tuple[dict, Encoder, list[Pooler]]:
+        """(evaluate_sts result, the encoder and the poolers that produced it). `final` adds the post-processors and
+        analysis metrics."""
+        extra = self.dev_extra_poolers if extra_poolers is None else extra_poolers
+        with self._scoring(module, extra) as (encoder, poolers):
+            corpora = self._corpora()
+            result = evaluate_sts(
+                encoder, get_tasks(tasks), corpora.root, poolers, module.eval_template, module.hparams.sentence_rule,
+                posts=self.posts if final else (), fit_corpus=self.fit_corpus, corpora=corpora,
+                analyse=analyse_task if final and self.analysis else None,
+            )
+        return result, encoder, poolers
+
+    def on_fit_start(self, trainer, module) -> None:
+        """Checks the fit-end poolers against the model (Ditto head in range, attentions, MLM head, template) and
+        reads their fit corpora now: a bad pooler argument or a missing corpus file fails before training, not after
+        it. Every rank checks, so no rank is left waiting in a collective."""
+        if not self.score_best_at_end:
+            return
+        with self._scoring(module, self.extra_poolers) as (encoder, poolers):
+            check_scoring(encoder, poolers, module.eval_template, bool(self.posts), self.fit_corpus, self._corpora())
 
     def _dev_scores(self, trainer, module) -> dict[str, float]:
         started = time.perf_counter()

@@ -6,6 +6,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from common.errors import ConfigError
 from evaluation.corpora import TARGET, Corpora
 from poolers.base import Pooler
 from poolers.fitted import CorpusFittedPooler
@@ -32,6 +33,19 @@ class PoolerPlan:
             record = next(iter(self.per_task.values())).describe()
             record["fit_corpus_sentences"] = {task: p.corpus_size for task, p in self.per_task.items()}
         return record
+
+
+def load_fit_corpora(poolers: Sequence[Pooler], has_posts: bool, fit_corpus: str, corpora: Corpora) -> None:
+    """Reads every named (non-"T") corpus the poolers and post-processors will be fitted on, so a missing or empty
+    file fails before any encoding (or, in the training callback, before training) rather than after it."""
+    corpora.check_label(fit_corpus)
+    labels = {pooler.corpus or fit_corpus for pooler in poolers if isinstance(pooler, CorpusFittedPooler)}
+    if has_posts:
+        labels.add(fit_corpus)
+    for label in sorted(labels - {TARGET}):
+        corpora.check_label(label)
+        if not corpora.sentences(label):
+            raise ConfigError(f"fit corpus {label!r} has no sentences; pass a corpus with at least one line")
 
 
 def plan_poolers(poolers: Sequence[Pooler], tasks: Sequence, task_sentences, fit_corpus: str, corpora: Corpora,

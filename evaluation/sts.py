@@ -19,7 +19,7 @@ from data.tasks import TaskSpec
 from encoder.model import Encoder
 from encoder.template import Template
 from evaluation.corpora import TARGET, Corpora
-from evaluation.fitting import plan_poolers
+from evaluation.fitting import load_fit_corpora, plan_poolers
 from evaluation.variants import PooledEmbeddings, score_variants, task_rows
 from poolers.base import Pooler
 from postprocessing.base import PostProcessor
@@ -82,6 +82,14 @@ def score_task(task: IndexedTask, embeddings: np.ndarray) -> dict:
     return result
 
 
+def check_scoring(encoder: Encoder, poolers: Sequence[Pooler], template: Template | None, has_posts: bool,
+                  fit_corpus: str, corpora: Corpora) -> None:
+    """Everything that can be wrong with a scoring request short of the STS data itself: poolers the model or
+    template cannot serve, unknown or missing fit corpora. Raises before any forward pass."""
+    encoder.check_poolers(poolers, template)
+    load_fit_corpora(poolers, has_posts, fit_corpus, corpora)
+
+
 def evaluate_sts(
     encoder: Encoder,
     tasks: Sequence[TaskSpec],
@@ -102,9 +110,8 @@ def evaluate_sts(
     sentence index and are encoded in the same pass. Returns {"scores": {label: {task: x100, "avg": mean}},
     "details", "post_processing", "analysis", "poolers" (provenance per label), "tasks", "unique_sentences"}.
     """
-    encoder.check_poolers(poolers, template)
     corpora = corpora or Corpora(root, {spec.name: spec for spec in tasks})
-    corpora.check_label(fit_corpus)
+    check_scoring(encoder, poolers, template, bool(posts), fit_corpus, corpora)
     index = SentenceIndex()
     loaded = load_and_index(tasks, root, index)
     reference_rows = None

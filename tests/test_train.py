@@ -213,3 +213,23 @@ def test_callback_rejects_unknown_pooler_before_training(tiny_bert, real_data_ro
     with pytest.raises(ConfigError, match="maxx"):
         train(cfg)
     assert not (tmp_path / "o" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    (["callbacks.sts_evaluation.poolers=[ditto]", "+callbacks.sts_evaluation.pooler_args.ditto.head=99"],
+     ConfigError, r"ditto layer 0 / head 99 is out of range"),
+    (["callbacks.sts_evaluation.post=[zscore]", "callbacks.sts_evaluation.fit_corpus=file:no/such.txt"],
+     DataError, r"fit corpus 'file:no/such.txt': file .*no/such.txt does not exist"),
+    (["callbacks.sts_evaluation.poolers=[idf]", "+callbacks.sts_evaluation.pooler_args.idf.corpus=file:gone.txt"],
+     DataError, r"fit corpus 'file:gone.txt': file .* does not exist"),
+])
+def test_callback_checks_fit_end_poolers_and_corpora_before_training(overrides, error, message, tiny_bert,
+                                                                    real_data_root, tmp_path, nli_csv):
+    """What only the model or the data can refute (head range, corpus files) is checked at fit start, not after
+    a whole training run: no dev evaluation, no step, no checkpoint."""
+    out = tmp_path / "o"
+    cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, nli_csv), *overrides])
+    with pytest.raises(error, match=message):
+        train(cfg)
+    assert not (out / "curve.json").exists()
+    assert not list(out.rglob("*.ckpt"))
