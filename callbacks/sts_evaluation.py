@@ -37,6 +37,7 @@ from poolers.base import Pooler
 from postprocessing import build_posts
 
 log = logging.getLogger(__name__)
+SELECTION_POOLER = "mask"  # the one ModelCheckpoint monitors (configs/callbacks/default.yaml)
 
 
 class STSEvaluationCallback(pl.Callback):
@@ -153,9 +154,21 @@ class STSEvaluationCallback(pl.Callback):
 
     def _log(self, trainer, values: dict[str, float], step: int) -> None:
         """Dev scores to every logger at the optimiser step they were taken after (as curve.json and the checkpoint
-        names); `module.log` would file them under the batch's index, one step lower."""
+        names); `module.log` would file them under the batch's index, one step lower. `<metric>_best`, the running
+        maximum of the selection pooler, is what W&B sweeps optimise (a run's summary keeps the LAST value logged,
+        the checkpoint is the best)."""
+        metrics = {self._metric(p): v for p, v in values.items()}
+        scores = [point[SELECTION_POOLER] for point in self.history if SELECTION_POOLER in point]
+        if scores:
+            metrics[self._metric(SELECTION_POOLER) + "_best"] = max(scores)
         for logger in trainer.loggers:
-            logger.log_metrics({self._metric(p): v for p, v in values.items()}, step=step)
+            logger.log_metrics(metrics, step=step)
+
+    def state_dict(self) -> dict:
+        return {"history": self.history}  # a resumed run keeps its curve and best-so-far
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = list(state_dict.get("history", []))
 
     def on_train_start(self, trainer, module) -> None:
         if self.evaluate_before_training and trainer.global_step == 0:
@@ -167,7 +180,7 @@ class STSEvaluationCallback(pl.Callback):
             return
         values = self._dev_scores(trainer, module)
         for pooler, value in values.items():  # callback_metrics: what ModelCheckpoint monitors, and the progress bar
-            module.log(self._metric(pooler), value, on_step=True, on_epoch=False, prog_bar=pooler == "mask",
+            module.log(self._metric(pooler), value, on_step=True, on_epoch=False, prog_bar=pooler == SELECTION_POOLER,
                        logger=False)
         self._log(trainer, values, step)
 
@@ -185,7 +198,7 @@ class STSEvaluationCallback(pl.Callback):
             self.fit_corpus)
         best_score = trainer.checkpoint_callback.best_model_score if checkpoint else None
         provenance["model"].update(checkpoint=checkpoint or "final weights (no checkpoint selected)",
-                                   selected_on=self._metric("mask"),
+                                   selected_on=self._metric(SELECTION_POOLER),
                                    best_dev=float(best_score) if best_score is not None else None)
         provenance.update(wall_time_s=round(time.perf_counter() - started, 2), **self.provenance)
         write_report(self.output_dir, {"scores": result["scores"], "details": result["details"],

@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import Any
 
 
+def umask_mode(directory: bool = False) -> int:
+    """The mode a plain open()/mkdir() would give under the current umask (mkstemp/mkdtemp give owner-only)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp_path)` on a temporary file next to `path`, then rename it over `path`."""
     path = Path(path)
@@ -19,6 +26,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
     tmp = Path(tmp_name)
     try:
         write(tmp)
+        tmp.chmod(umask_mode())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

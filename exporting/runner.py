@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.io import umask_mode
 from exporting.hf_export import write_hf_directory
 from exporting.model_card import model_card
 from exporting.st_export import write_sentence_transformers_files
@@ -19,22 +20,37 @@ from inference.prompt_encoder import PromptEncoder
 def check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out={out} is a file; pass a directory path")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"out={out} exists and is not empty; pass overwrite=true to replace it, or another out=DIR")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"out={out} exists and is not empty; pass overwrite=true to replace it, or another "
+                              "out=DIR")
+        if not is_export(out):
+            raise ConfigError(f"out={out} is not a promptemb export (no config.json with a promptemb block); "
+                              "overwrite=true only replaces an earlier export: pass another out=DIR")
 
 
-def run_scores(checkpoint: Path) -> tuple[dict | None, str | None]:
+def is_export(directory: Path) -> bool:
+    try:
+        return "promptemb" in json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, TypeError):
+        return False
+
+
+def run_scores(checkpoint: Path, encoder: PromptEncoder) -> tuple[dict | None, str | None]:
     """The STS table of the run that wrote `checkpoint` (`<run>/results.json`, two levels up), if it scored this
-    very checkpoint."""
+    very checkpoint with the pooler being exported (a `pooler=` / `denoise=` override the run did not score leaves
+    the card without the run's table)."""
     results = checkpoint.resolve().parent.parent / "results.json"
     if not results.is_file():
         return None, None
     try:
         data = json.loads(results.read_text(encoding="utf-8"))
         scored = Path(data["provenance"]["model"]["checkpoint"])
+        scored_pooler = data["provenance"]["poolers"][encoder.pooler_name]
     except (json.JSONDecodeError, KeyError, TypeError):
         return None, None
-    if scored.name != checkpoint.name:
+    same_pooler = bool(scored_pooler.get("denoise", False)) == encoder.denoise
+    if scored.name != checkpoint.name or not same_pooler:
         return None, None
     return data["scores"], f"the training run's final scoring of this checkpoint ({results})"
 
@@ -67,7 +83,7 @@ def export_checkpoint(
     ckpt, out = Path(ckpt), Path(out)
     check_out(out, overwrite)
     encoder = PromptEncoder.from_checkpoint(ckpt, base_model=base_model, pooler=pooler, denoise=denoise)
-    scores, score_source = run_scores(ckpt)
+    scores, score_source = run_scores(ckpt, encoder)
     if score:
         scores = score_encoder(encoder, list(score_tasks), data_root)
         score_source = f"export.py score=true with the exported pooler on {', '.join(score_tasks)}"
@@ -87,11 +103,9 @@ def export_checkpoint(
 
 def default_permissions(directory: Path) -> None:
     """mkdtemp (and some writers) create owner-only entries; give the export the umask's usual modes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
+    directory.chmod(umask_mode(directory=True))
     for path in directory.iterdir():
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+        path.chmod(umask_mode(directory=path.is_dir()))
 
 
 def replace_directory(tmp: Path, out: Path) -> None:

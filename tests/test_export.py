@@ -20,7 +20,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from common.errors import ConfigError, DataError
+from data.tasks import get_tasks
 from encoder.template import Template
+from evaluation.sts import evaluate_sts
 from exporting.hf_export import write_hf_directory
 from exporting.runner import export_checkpoint
 from exporting.st_export import write_sentence_transformers_files
@@ -201,7 +203,21 @@ def test_export_avg_pooler_and_scoring(checkpoints, real_data_root, tmp_path):
     assert np.abs(sentence_transformer(out).encode(SENTENCES, convert_to_numpy=True) - reference).max() <= TOL
     record = json.loads((out / "config.json").read_text())["promptemb"]
     assert record["pooler"] == {"name": "avg", "layer": -1, "layers": [-1], "denoise": False, "head": None}
-    assert "| avg |" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    module.eval()  # the training callback's scoring path, independent of the exported encoder
+    scored = evaluate_sts(module.evaluation_encoder(), get_tasks(["STSBenchmark"]), real_data_root,
+                          [module.eval_poolers()[1]], module.eval_template,
+                          module.hparams.sentence_rule)["scores"]["avg"]["STSBenchmark"]
+    assert f"| avg | {scored:.2f} |" in card and "export.py score=true with the exported pooler" in card
+
+
+def test_card_leaves_out_run_scores_of_another_pooler(checkpoints, tmp_path):
+    """denoise=true exports a pooler the run did not score: its results.json table must not be shown as this one's."""
+    ckpt = checkpoints["quickstart_unsup"]
+    plain = (export_checkpoint(ckpt, tmp_path / "plain") / "README.md").read_text()
+    denoised = (export_checkpoint(ckpt, tmp_path / "denoised", denoise=True) / "README.md").read_text()
+    assert "the training run's final scoring" in plain
+    assert "the training run's final scoring" not in denoised and "No scores recorded" in denoised
 
 
 def test_existing_out_is_refused_unless_overwrite(checkpoints, tmp_path):
@@ -210,8 +226,13 @@ def test_existing_out_is_refused_unless_overwrite(checkpoints, tmp_path):
     (out / "keep.txt").write_text("x")
     with pytest.raises(ConfigError, match=r"exists and is not empty; pass overwrite=true"):
         export_checkpoint(checkpoints["quickstart_unsup"], out)
+    with pytest.raises(ConfigError, match=r"is not a promptemb export .* only replaces an earlier export"):
+        export_checkpoint(checkpoints["quickstart_unsup"], out, overwrite=True)  # never deletes a foreign dir
     assert (out / "keep.txt").exists()
-    export_checkpoint(checkpoints["quickstart_unsup"], out, overwrite=True)
+    (out / "keep.txt").unlink()
+    export_checkpoint(checkpoints["quickstart_unsup"], out)  # into an empty dir
+    (out / "keep.txt").write_text("x")
+    export_checkpoint(checkpoints["quickstart_unsup"], out, overwrite=True)  # an earlier export is replaced
     assert not (out / "keep.txt").exists() and (out / "modules.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 

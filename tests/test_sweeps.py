@@ -43,7 +43,7 @@ def test_sweep_files_exist_and_validate():
         spec = load_sweep(path)
         validate_sweep(spec, where=f"sweep {path.name}")
         assert spec["program"] == "train.py" and "${args_no_hyphens}" in spec["command"]
-        assert spec["metric"] == {"name": "val/stsb_dev/mask", "goal": "maximize"}
+        assert spec["metric"] == {"name": "val/stsb_dev/mask_best", "goal": "maximize"}  # not the last value
     unsup = load_sweep(REPO / "configs/sweeps/promptbert_unsup.yaml")["parameters"]
     assert {"module.lr", "module.temperature", "template_pair", "data.batch_size"} <= set(unsup)
 

@@ -88,7 +88,24 @@ def test_resume_continues_from_the_saved_step(tiny_bert, real_data_root, tmp_pat
     second = train(compose_train([*base, "trainer.max_steps=6", f"ckpt_path={last}"]))
     assert second.global_step == 6
     history = next(c for c in second.callbacks if type(c).__name__ == "STSEvaluationCallback").history
-    assert [point["step"] for point in history] == [6]  # no re-evaluation of step 0: it resumed at 4
+    assert [point["step"] for point in history] == [0, 2, 4, 6]  # the saved curve goes on; step 0 not re-scored
+    assert [point["step"] for point in json.loads((out / "curve.json").read_text())["points"]] == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"not a checkpoint", r"checkpoint .*broken.ckpt is corrupt or not a PyTorch checkpoint"),
+    (None, r"checkpoint .*broken.ckpt does not exist; pass ckpt_path=PATH"),
+])
+def test_resume_from_missing_or_corrupt_checkpoint_is_one_line_error(content, message, tiny_bert, real_data_root,
+                                                                     tmp_path, nli_csv):
+    ckpt = tmp_path / "broken.ckpt"
+    if content is not None:
+        ckpt.write_bytes(content)
+    cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "o", nli_csv),
+                         f"ckpt_path={ckpt}"])
+    with pytest.raises((ConfigError, DataError), match=message):
+        train(cfg)
+    assert not (tmp_path / "o").exists()
 
 
 def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tiny_bert, real_data_root, tmp_path,

@@ -54,7 +54,7 @@ def wandb_has_credentials() -> bool:
         host = wandb_setup.singleton().settings.base_url
         return wbauth.authenticate_session(host=host, source="promptemb", prompt=False,
                                            update_session=False) is not None
-    except ImportError:  # older/newer wandb layout: fall back to the documented places
+    except Exception:  # private API of this wandb version moved or failed: fall back to the documented places
         import netrc
         try:
             return any(host.endswith(("wandb.ai", "wandb.com")) for host in netrc.netrc().hosts)

@@ -19,6 +19,7 @@ from callbacks.wandb_run import WandbRunCallback
 from common.errors import ConfigError, UserError
 from data.root import resolve_data_root
 from exporting.runner import check_out, export_checkpoint
+from lightning_modules.checkpoint import read_checkpoint
 from training.loggers import build_loggers, finish_wandb, log_config
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,10 @@ def check_override_keys(argv: list[str]) -> None:
 
 def train(cfg: DictConfig) -> pl.Trainer:
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
-    if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
-        raise ConfigError(f"checkpoint {cfg.ckpt_path} does not exist; pass ckpt_path=PATH of a saved .ckpt")
+    if cfg.ckpt_path:
+        if not Path(cfg.ckpt_path).is_file():
+            raise ConfigError(f"checkpoint {cfg.ckpt_path} does not exist; pass ckpt_path=PATH of a saved .ckpt")
+        read_checkpoint(cfg.ckpt_path)  # a damaged or foreign file: one line now, not a traceback from Lightning
     export_dir = cfg.get("export_dir")
     if export_dir:
         check_out(Path(export_dir), overwrite=False)  # fail before training, not after
