@@ -1,5 +1,6 @@
 """train.py configs end to end on a tiny BERT: every experiment with fast_dev_run, resume, NaN stop, bad input."""
 
+import csv
 import json
 import os
 import subprocess
@@ -80,7 +81,7 @@ def test_published_recipes_keep_their_hyperparameters():
 def test_resume_continues_from_the_saved_step(tiny_bert, real_data_root, tmp_path, nli_csv):
     out = tmp_path / "out"
     base = [*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, nli_csv), "eval_every_n_steps=2",
-            "callbacks.sts_evaluation.score_best_at_end=false"]
+            "callbacks.sts_evaluation.score_best_at_end=false", "trainer.log_every_n_steps=1"]
     first = train(compose_train([*base, "trainer.max_steps=4"]))
     assert first.global_step == 4
     last = out / "checkpoints" / "last.ckpt"
@@ -90,6 +91,11 @@ def test_resume_continues_from_the_saved_step(tiny_bert, real_data_root, tmp_pat
     history = next(c for c in second.callbacks if type(c).__name__ == "STSEvaluationCallback").history
     assert [point["step"] for point in history] == [0, 2, 4, 6]  # the saved curve goes on; step 0 not re-scored
     assert [point["step"] for point in json.loads((out / "curve.json").read_text())["points"]] == [0, 2, 4, 6]
+    # metrics.csv keeps the first run's rows (Lightning's CSVLogger would delete them): each training step's loss
+    # once, each dev evaluation once
+    rows = list(csv.DictReader((out / "csv" / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows if r.get("train/loss")] == [0, 1, 2, 3, 4, 5]
+    assert [int(r["step"]) for r in rows if r.get("val/stsb_dev/mask")] == [0, 2, 4, 6]
 
 
 @pytest.mark.parametrize("content, message", [

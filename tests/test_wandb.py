@@ -15,6 +15,7 @@ from evaluation.wandb_tables import log_sts_tables, sts_table_rows
 from tests.conftest import REPO
 from tests.test_train import compose_train, tiny_overrides
 from tests.wandb_offline import read_run
+from training.csv_logger import ResumableCSVLogger
 from training.loggers import NO_CREDENTIALS, build_loggers, read_wandb_run_id
 from training.runner import train
 
@@ -95,7 +96,7 @@ def test_logger_groups_and_modes(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     cfg = compose_train(["logger=many_loggers", f"output_dir={tmp_path}"])
     loggers = build_loggers(cfg.logger)
-    assert [type(lg) for lg in loggers] == [CSVLogger, WandbLogger]
+    assert [type(lg) for lg in loggers] == [ResumableCSVLogger, WandbLogger]
     assert loggers[1]._wandb_init["mode"] == "disabled" and loggers[1]._wandb_init["dir"] == str(tmp_path)
     assert compose_train([]).logger._target_.endswith("CSVLogger")  # the no-account default
     with pytest.raises(ConfigError, match=r"logger.mode='offlne' is not a W&B mode; use one of online, offline"):

@@ -24,6 +24,7 @@ from common.errors import ConfigError
 log = logging.getLogger(__name__)
 
 WANDB_TARGET = "pytorch_lightning.loggers.WandbLogger"
+RESUMABLE_CSV_TARGET = "training.csv_logger.ResumableCSVLogger"
 WANDB_MODES = ("online", "offline", "disabled")
 CHECKPOINT_KEY = "wandb"  # checkpoint["wandb"] = {"run_id": ..., "project": ...}
 NO_CREDENTIALS = ("W&B online logging needs credentials: run `wandb login` or set WANDB_API_KEY, "
@@ -83,10 +84,14 @@ def read_wandb_run_id(ckpt_path: str | os.PathLike | None) -> str | None:
     return (checkpoint.get(CHECKPOINT_KEY) or {}).get("run_id")
 
 
-def build_loggers(cfg_logger: DictConfig | None, ckpt_path: str | None = None) -> list[Logger]:
-    """Instantiate the configured loggers (W&B: checked first, resumed run id from `ckpt_path`)."""
+def build_loggers(cfg_logger: DictConfig | None, ckpt_path: str | None = None, resume_step: int | None = None,
+                  ) -> list[Logger]:
+    """Instantiate the configured loggers (W&B: checked first, resumed run id from `ckpt_path`; CSV: the rows
+    before `resume_step`, the resumed checkpoint's step, are kept)."""
     loggers = []
     for name, sub in logger_configs(cfg_logger).items():
+        if sub.get("_target_") == RESUMABLE_CSV_TARGET and resume_step is not None:
+            sub = OmegaConf.merge(sub, {"resume_step": resume_step})
         if is_wandb(sub):
             check_wandb_config(sub)
             overrides = {}

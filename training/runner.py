@@ -96,15 +96,17 @@ def check_override_keys(argv: list[str]) -> None:
 
 def train(cfg: DictConfig) -> pl.Trainer:
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
+    resume_step = None
     if cfg.ckpt_path:
         if not Path(cfg.ckpt_path).is_file():
             raise ConfigError(f"checkpoint {cfg.ckpt_path} does not exist; pass ckpt_path=PATH of a saved .ckpt")
-        read_checkpoint(cfg.ckpt_path)  # a damaged or foreign file: one line now, not a traceback from Lightning
+        # a damaged or foreign file: one line now, not a traceback from Lightning
+        resume_step = int(read_checkpoint(cfg.ckpt_path).get("global_step", 0))
     export_dir = cfg.get("export_dir")
     if export_dir:
         check_out(Path(export_dir), overwrite=False)  # fail before training, not after
     # W&B: credentials checked and the resumed run id read from the checkpoint before any run is created.
-    loggers = build_loggers(cfg.get("logger"), cfg.ckpt_path)
+    loggers = build_loggers(cfg.get("logger"), cfg.ckpt_path, resume_step)
     pl.seed_everything(int(cfg.seed), workers=True)
     # _convert_="all": modules get plain lists/dicts, so checkpoints hold no OmegaConf objects and load with
     # torch.load(weights_only=True).
