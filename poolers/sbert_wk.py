@@ -131,6 +131,14 @@ class SBERTWKPooler(Pooler):
                 f"sbert_wk needs at least 3 layers from layer_start={self.layer_start} to the last ({num_layers}); "
                 f"use pooler_args.sbert_wk.layer_start=<= {num_layers - 2}"
             )
+        count = num_layers - start + 1
+        lonely = [k for k in range(count) if len(window_layers(k, count, self.window)) == 1]
+        if lonely:  # the reference's QR then has no neighbour rows (it crashes); ours would give NaN weights
+            raise ConfigError(
+                f"sbert_wk window={self.window} leaves layer {start + lonely[0]} with no neighbouring layer among "
+                f"the {count} layers from layer_start={self.layer_start} (the reference's slicing); use another "
+                "pooler_args.sbert_wk.window"
+            )
 
     def arguments(self) -> dict:
         return {"layer_start": self.layer_start, "window": self.window, "method": self.method}

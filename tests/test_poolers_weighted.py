@@ -12,9 +12,9 @@ from encoder.model import Encoder
 from encoder.template import Template
 from poolers import build_pooler
 from poolers.remove_biases import BERT_UNCASED_TOP36
-from poolers.sbert_wk import sbert_wk_embed, window_layers
+from poolers.sbert_wk import layer_weights, r_factors, sbert_wk_embed, window_layers
 from tests.helpers import reference_runner
-from tests.oracles import sbert_wk_sentence_loop
+from tests.oracles import sbert_wk_sentence_loop, sbert_wk_token_loop
 
 SENTENCES = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog near the river bank",
              "A man , a dog !"]
@@ -87,6 +87,22 @@ def test_sbert_wk_batched_equals_per_token_loop(method, num_layers, window):
         np.testing.assert_allclose(got[b], want, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("method", ["gram", "qr"])
+@pytest.mark.parametrize(("num_layers", "window"), [(6, 2), (4, 3), (3, 1), (3, 5)])
+def test_sbert_wk_layer_weights_equal_per_token_loop(method, num_layers, window):
+    """alpha_k of every token and layer on its own (not only through the sentence vector), windows clipped at
+    both ends (k < m, k > K-1-m, and m > K, where the reference's negative slice start wraps)."""
+    generator = torch.Generator().manual_seed(10 + num_layers)
+    layers = torch.randn(2, 5, num_layers, 12, generator=generator, dtype=torch.float64)
+    layers += torch.randn(2, 5, 1, 12, generator=generator, dtype=torch.float64)
+    gram = layers @ layers.transpose(-1, -2)
+    got = layer_weights(r_factors(layers, gram, method), num_layers, window).numpy()
+    for b in range(2):
+        for t in range(5):
+            want = sbert_wk_token_loop(layers[b, t].numpy(), window)[1]
+            np.testing.assert_allclose(got[b, t], want, rtol=1e-9, atol=1e-12)
+
+
 def test_sbert_wk_pooler_on_model_outputs(tiny_bert, run):
     encoder = Encoder(str(tiny_bert), batch_size=3, progress=False)
     got = encoder.embed(SENTENCES, [build_pooler("sbert_wk", layer_start=0)])["sbert_wk"]
@@ -96,6 +112,8 @@ def test_sbert_wk_pooler_on_model_outputs(tiny_bert, run):
         np.testing.assert_allclose(got[row], sbert_wk_sentence_loop(features, 2), atol=2e-5, rtol=1e-4)
     with pytest.raises(ConfigError, match="sbert_wk needs at least 3 layers"):
         encoder.embed(["x"], [build_pooler("sbert_wk", layer_start=2)])
+    with pytest.raises(ConfigError, match="sbert_wk window=4 leaves layer 3 with no neighbouring layer"):
+        encoder.embed(["x"], [build_pooler("sbert_wk", layer_start=0, window=4)])  # layers 0..3, window 4
 
 
 def test_idf_matches_hand_counts(tiny_bert, run):
@@ -109,9 +127,14 @@ def test_idf_matches_hand_counts(tiny_bert, run):
         assert pooler.idf[vocab(token)].item() == pytest.approx(value)
     assert pooler.label == "idf(mini)" and pooler.describe()["fit_corpus"] == "mini"
     got = encoder.embed(SENTENCES, [pooler])["idf"]
+    documents = [set(encoder.tokenizer(sentence)["input_ids"]) for sentence in corpus]
+
+    def hand_idf(token_id: int) -> float:  # document frequency counted here, not read from the pooler
+        return math.log(len(documents) / max(1, sum(token_id in document for document in documents)))
+
     for row, sentence in enumerate(SENTENCES):
         ids, hidden, _ = run[2](sentence)
-        weights = [pooler.idf[i].item() for i in ids]
+        weights = [hand_idf(i) for i in ids]
         want = sum(w * hidden[-1][t] for t, w in enumerate(weights)) / sum(weights)
         np.testing.assert_allclose(got[row], want, atol=2e-5, rtol=1e-4)
     with pytest.raises(ConfigError, match="used before it was fitted"):
