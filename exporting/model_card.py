@@ -46,6 +46,7 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
         "",
         "```python",
         "from sentence_transformers import SentenceTransformer",
+        "# sentence-transformers >= 5.0 (the module subclasses its InputModule); no promptemb install needed",
         "model = SentenceTransformer(DIR, trust_remote_code=True)   # runs promptemb_st_module.py from this directory",
         "embeddings = model.encode([\"A man is playing a guitar.\"])",
         "```",
