@@ -7,15 +7,14 @@ from omegaconf import DictConfig
 
 from common.cli import quote_free_text_overrides
 from common.errors import exit_on_user_error
-from training.runner import check_experiment_overrides, check_override_keys, train
+from training.runner import best_dev_score, check_experiment_overrides, check_override_keys, train
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 @exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
-    """Returns the best STS-B dev score (the objective for Hydra's Optuna sweeper, `hydra/sweeper=optuna`)."""
-    best = getattr(train(cfg).checkpoint_callback, "best_model_score", None)
-    return float(best) if best is not None else None
+    """Returns the best STS-B dev [MASK] score (the objective for Hydra's Optuna sweeper, `hydra/sweeper=optuna`)."""
+    return best_dev_score(train(cfg))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from data.datamodules import TextLinesDataModule
 from lightning_modules.base import NonFiniteLossError
 from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from tests.conftest import REPO
-from training.runner import experiment_names, train
+from training.runner import best_dev_score, experiment_names, train
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
 
@@ -140,6 +140,33 @@ def run_train(*overrides):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "train.py", *overrides], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
+
+
+def test_hydra_multirun_runs_each_job_with_its_values(tiny_bert, real_data_root, tmp_path, nli_csv):
+    """The README's offline sweep: `train.py -m` with a comma sweep, one output_dir per job."""
+    base = [o for o in tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path, nli_csv)
+            if not o.startswith("output_dir=")]
+    proc = run_train("-m", *base, "trainer.max_steps=2", "eval_every_n_steps=2", "module.lr=1e-5,2e-5",
+                     f"output_dir={tmp_path}/job${{hydra:job.num}}", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for job, lr in enumerate([1e-5, 2e-5]):
+        results = json.loads((tmp_path / f"job{job}" / "results.json").read_text())
+        assert results["provenance"]["config"]["module"]["lr"] == lr
+        assert set(results["scores"]) >= {"mask", "avg"}
+    assert (tmp_path / "sweep" / "multirun.yaml").is_file()
+
+
+def test_objective_falls_back_to_the_logged_dev_scores(tiny_bert, real_data_root, tmp_path, nli_csv):
+    """train.py's return value (the Optuna objective) is never None once a dev score exists: a run too short for a
+    monitored checkpoint returns the best score the callback logged (step 0 here)."""
+    cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "o", nli_csv),
+                         "trainer.max_steps=1", "eval_every_n_steps=2",
+                         "callbacks.sts_evaluation.score_best_at_end=false"])
+    trainer = train(cfg)
+    assert trainer.checkpoint_callback.best_model_score is None
+    history = next(c for c in trainer.callbacks if type(c).__name__ == "STSEvaluationCallback").history
+    assert [point["step"] for point in history] == [0]
+    assert best_dev_score(trainer) == history[0]["mask"]
 
 
 def test_unknown_experiment_lists_valid_ones():

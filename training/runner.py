@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import WandbLogger
 
-from callbacks.sts_evaluation import STSEvaluationCallback
+from callbacks.sts_evaluation import SELECTION_POOLER, STSEvaluationCallback
 from callbacks.wandb_run import WandbRunCallback
 from common.errors import ConfigError, UserError
 from data.root import resolve_data_root
@@ -92,6 +92,19 @@ def check_override_keys(argv: list[str]) -> None:
             raise ConfigError(unknown_key_message(match.group(1), overrides)) from None
     except Exception:  # anything else: Hydra reports it when train.py composes for real
         pass
+
+
+def best_dev_score(trainer: pl.Trainer) -> float | None:
+    """The monitored dev score of the best checkpoint; without one (training ended before the first evaluation
+    after step 0), the best score the STS callback logged, step 0 included (= `val/stsb_dev/mask_best`)."""
+    best = getattr(trainer.checkpoint_callback, "best_model_score", None)
+    if best is not None:
+        return float(best)
+    for callback in trainer.callbacks:
+        if isinstance(callback, STSEvaluationCallback) and callback.history:
+            scores = [point[SELECTION_POOLER] for point in callback.history if SELECTION_POOLER in point]
+            return max(scores) if scores else None
+    return None
 
 
 def train(cfg: DictConfig) -> pl.Trainer:
