@@ -32,6 +32,13 @@ def position_base(transformer: torch.nn.Module) -> int:
     return 0 if padding_idx is None else int(padding_idx) + 1
 
 
+def max_input_length(transformer: torch.nn.Module, tokenizer, requested: int | None = None) -> int:
+    """Longest input in tokens: the requested length, capped by the position table (minus the first position id,
+    2 for RoBERTa) and by the tokenizer's model_max_length."""
+    positions = getattr(transformer.config, "max_position_embeddings", 512) - position_base(transformer)
+    return min(requested or positions, positions, tokenizer.model_max_length or positions)
+
+
 def template_only_batch(builder: InputBuilder, lengths: torch.Tensor, base: int) -> Batch:
     """`[CLS] prefix suffix [SEP]` once per length n, positions after the prefix shifted by +n."""
     prefix, suffix = builder.prefix_ids, builder.suffix_ids

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
 from common.errors import ConfigError
-from encoder.forward import InputEmbedder, run_transformer
+from encoder.forward import InputEmbedder, max_input_length, run_transformer
 from encoder.inputs import Batch, InputBuilder, InputForm, collate
 from encoder.outputs import EncoderOutput, normalize_layer
 from encoder.template import Template
@@ -213,8 +213,7 @@ class Encoder:
         self.num_layers = int(transformer.config.num_hidden_layers)
         self.num_heads = int(getattr(transformer.config, "num_attention_heads", 0))
         self.hidden_size = int(transformer.config.hidden_size)
-        limit = max_length or getattr(transformer.config, "max_position_embeddings", 512)
-        self.max_length = min(limit, tokenizer.model_max_length or limit)
+        self.max_length = max_input_length(transformer, tokenizer, max_length)
 
     def describe(self) -> dict:
         return {

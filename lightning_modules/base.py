@@ -15,7 +15,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from common.errors import ConfigError, UserError
-from encoder.forward import concat_batches, run_transformer, template_biases
+from encoder.forward import concat_batches, max_input_length, run_transformer, template_biases
 from encoder.inputs import Batch, InputBuilder, InputForm, collate
 from encoder.model import Encoder, load_pretrained
 from encoder.template import Template
@@ -72,8 +72,7 @@ class PromptContrastiveModule(pl.LightningModule):
         # make DDP fail at its second step, so it is frozen (kept, so exports still load without new weights).
         if isinstance(getattr(self.transformer, "pooler", None), torch.nn.Module):
             self.transformer.pooler.requires_grad_(False)
-        self.max_length = min(max_length or self.transformer.config.max_position_embeddings,
-                              self.tokenizer.model_max_length or 10**9)
+        self.max_length = max_input_length(self.transformer, self.tokenizer, max_length)
         self.builders = [self._builder(t, max_sentence_tokens) for t in self.templates]
         self.input_embedder: torch.nn.Module | None = None
 

@@ -110,6 +110,34 @@ def test_standalone_module_equals_framework(tiny_bert, tmp_path, kind, pooler, d
         assert lengths.max().item() == max_sentence_tokens
 
 
+@pytest.mark.parametrize("denoise", [True, False])
+def test_standalone_module_equals_framework_on_roberta(tiny_bert, tmp_path, denoise):
+    """RoBERTa-style embeddings count positions from padding_idx + 1: the export's denoising (explicit shifted
+    position ids) must use the same base as the framework."""
+    from transformers import AutoTokenizer, RobertaConfig, RobertaForMaskedLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    RobertaForMaskedLM(config).save_pretrained(tmp_path / "roberta")
+    tokenizer.save_pretrained(tmp_path / "roberta")
+    module = PromptBERTUnsup(str(tmp_path / "roberta")).eval()
+    encoder = PromptEncoder(module.transformer, module.tokenizer, template=module.eval_template.text,
+                            pooler="mask", denoise=denoise, max_length=module.max_length, batch_size=3)
+    assert encoder.encoder.transformer.embeddings.padding_idx + 1 == 1  # positions start at 1, not 0
+    assert module.max_length == encoder.encoder.max_length == 129  # 130 position ids, the first one unused
+    reference = encoder.encode(SENTENCES)
+    directory = export_encoder(encoder, tmp_path / "export")
+    got = sentence_transformer(directory).encode(SENTENCES, batch_size=2, convert_to_numpy=True)
+    assert np.abs(got - reference).max() <= TOL
+    if denoise:  # the bias really is position-dependent here: a base of 0 would give other embeddings
+        plain = PromptEncoder(module.transformer, module.tokenizer, template=module.eval_template.text,
+                              pooler="mask", denoise=False, max_length=module.max_length).encode(SENTENCES)
+        assert np.abs(plain - reference).max() > 1e-3
+
+
 def test_standalone_module_imports_no_framework_code():
     source = (REPO / "exporting" / "st_module.py").read_text()
     project = {p.name for p in REPO.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
