@@ -169,6 +169,14 @@ def test_objective_falls_back_to_the_logged_dev_scores(tiny_bert, real_data_root
     assert best_dev_score(trainer) == history[0]["mask"]
 
 
+def test_multirun_unknown_key_is_one_line_naming_it():
+    proc = run_train("-m", "experiment=quickstart_unsup", "module.learning_rate=1e-5,2e-5", "trainer=default,gpu")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: 'module.learning_rate' is not a key of train.py's config; did you mean 'module.lr'? "
+        "prefix it with '+' (+module.learning_rate=...) only if it is really a new key"]
+
+
 def test_unknown_experiment_lists_valid_ones():
     proc = run_train("experiment=nope")
     assert proc.returncode == 2

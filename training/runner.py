@@ -77,12 +77,39 @@ def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
             f"prefix it with '+' (+{key}=...) only if it is really a new key")
 
 
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def first_of_sweeps(overrides: list[str]) -> list[str]:
+    """Multirun overrides as one job's: each sweep (`a=1,2`, `range(...)`, `choice(...)`) replaced by its first
+    value; sweeps without one (Optuna's `interval(...)`) are left out of the check."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    single = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if not override.is_sweep_override():
+            single.append(override.input_line)
+            continue
+        try:
+            single.append(f"{override.get_key_element()}={next(iter(override.sweep_string_iterator()))}")
+        except Exception:  # no enumerable values
+            continue
+    return single
+
+
 def check_override_keys(argv: list[str]) -> None:
     """Fail with one line naming an override key the composed config does not have (Hydra's own error is a
-    multi-line traceback hint). Hydra flags (-m, --cfg, ...) and hydra.* overrides are left to Hydra."""
-    if any(arg.startswith("-") for arg in argv):
+    multi-line traceback hint); under -m with each sweep's first value. Other Hydra flags (--cfg, ...) and hydra.*
+    overrides are left to Hydra."""
+    flags = [arg for arg in argv if arg.startswith("-")]
+    if any(flag not in MULTIRUN_FLAGS for flag in flags):
         return
-    overrides = [arg for arg in argv if not arg.startswith(("hydra.", "hydra/"))]
+    overrides = [arg for arg in argv if not arg.startswith(("-", "hydra.", "hydra/"))]
+    if flags:
+        try:
+            overrides = first_of_sweeps(overrides)
+        except Exception:  # a syntax error: Hydra reports it
+            return
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             compose("train", overrides=overrides)
