@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from common.cli import quote_free_text_overrides
 from common.errors import exit_on_user_error
-from training.runner import best_dev_score, check_experiment_overrides, check_override_keys, train
+from training.runner import best_dev_score, check_experiment_overrides, check_override_keys, resume_run_dir, train
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -20,5 +20,6 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     exit_on_user_error(check_experiment_overrides)(sys.argv[1:])
     sys.argv = quote_free_text_overrides(sys.argv)
+    sys.argv = [sys.argv[0], *resume_run_dir(sys.argv[1:])]
     exit_on_user_error(check_override_keys)(sys.argv[1:])
     main()

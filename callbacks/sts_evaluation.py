@@ -126,13 +126,15 @@ class STSEvaluationCallback(pl.Callback):
         return result, encoder, poolers
 
     def on_fit_start(self, trainer, module) -> None:
-        """Checks the fit-end poolers against the model (Ditto head in range, attentions, MLM head, template) and
-        reads their fit corpora now: a bad pooler argument or a missing corpus file fails before training, not after
-        it. Every rank checks, so no rank is left waiting in a collective."""
-        if not self.score_best_at_end:
-            return
-        with self._scoring(module, self.extra_poolers) as (encoder, poolers):
-            check_scoring(encoder, poolers, module.eval_template, bool(self.posts), self.fit_corpus, self._corpora())
+        """Checks the dev and fit-end poolers against the model (Ditto head in range, attentions, MLM head,
+        template) and reads their fit corpora now: a bad pooler argument or a missing corpus file fails before
+        training, not after it. Every rank checks (only rank 0 scores), so no rank is left waiting in a collective."""
+        requests = [(self.dev_extra_poolers, False)]
+        if self.score_best_at_end:
+            requests.append((self.extra_poolers, bool(self.posts)))
+        for extra, has_posts in requests:
+            with self._scoring(module, extra) as (encoder, poolers):
+                check_scoring(encoder, poolers, module.eval_template, has_posts, self.fit_corpus, self._corpora())
 
     def _dev_scores(self, trainer, module) -> dict[str, float]:
         started = time.perf_counter()
@@ -155,10 +157,10 @@ class STSEvaluationCallback(pl.Callback):
     def _log(self, trainer, values: dict[str, float], step: int) -> None:
         """Dev scores to every logger at the optimiser step they were taken after (as curve.json and the checkpoint
         names); `module.log` would file them under the batch's index, one step lower. `<metric>_best`, the running
-        maximum of the selection pooler, is what W&B sweeps optimise (a run's summary keeps the LAST value logged,
-        the checkpoint is the best)."""
+        maximum of the selection pooler over the evaluations ModelCheckpoint sees (step > 0), is what W&B sweeps
+        optimise (a run's summary keeps the LAST value logged; the checkpoint kept is the best)."""
         metrics = {self._metric(p): v for p, v in values.items()}
-        scores = [point[SELECTION_POOLER] for point in self.history if SELECTION_POOLER in point]
+        scores = [point[SELECTION_POOLER] for point in self.history if SELECTION_POOLER in point and point["step"] > 0]
         if scores:
             metrics[self._metric(SELECTION_POOLER) + "_best"] = max(scores)
         for logger in trainer.loggers:

@@ -10,11 +10,24 @@ from pathlib import Path
 from typing import Any
 
 
-def umask_mode(directory: bool = False) -> int:
-    """The mode a plain open()/mkdir() would give under the current umask (mkstemp/mkdtemp give owner-only)."""
+def current_umask() -> int:
+    """Read without changing it where Linux allows (os.umask would briefly set it process-wide, under the feet of
+    other threads such as W&B's writers)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     umask = os.umask(0)
     os.umask(umask)
-    return (0o777 if directory else 0o666) & ~umask
+    return umask
+
+
+def umask_mode(directory: bool = False) -> int:
+    """The mode a plain open()/mkdir() would give under the current umask (mkstemp/mkdtemp give owner-only)."""
+    return (0o777 if directory else 0o666) & ~current_umask()
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:

@@ -17,7 +17,7 @@ from data.datamodules import TextLinesDataModule
 from lightning_modules.base import NonFiniteLossError
 from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from tests.conftest import REPO
-from training.runner import best_dev_score, experiment_names, train
+from training.runner import best_dev_score, check_experiment_overrides, experiment_names, resume_run_dir, train
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
 
@@ -177,6 +177,27 @@ def test_multirun_unknown_key_is_one_line_naming_it():
         "prefix it with '+' (+module.learning_rate=...) only if it is really a new key"]
 
 
+def test_multirun_experiment_sweeps_check_every_name():
+    check_experiment_overrides(["-m", "experiment=quickstart_unsup,optiprompt", "module.lr=1e-5,2e-5"])
+    check_experiment_overrides(["-m", "experiment=choice(quickstart_unsup,quickstart_sup)"])
+    with pytest.raises(ConfigError, match=r"unknown experiment 'nope'; valid experiments: optiprompt, "):
+        check_experiment_overrides(["-m", "experiment=quickstart_unsup,nope"])
+    with pytest.raises(ConfigError, match=r"unknown experiment 'a,b'"):  # without -m a comma is part of the name
+        check_experiment_overrides(["experiment=a,b"])
+
+
+def test_resume_goes_into_the_checkpoint_run_dir(tmp_path):
+    """ModelCheckpoint keeps its best score only for the same directory, and curve/metrics continue there."""
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert resume_run_dir(["experiment=x", f"ckpt_path={ckpt}"]) == [
+        "experiment=x", f"ckpt_path={ckpt}", f"output_dir={tmp_path / 'run'}"]
+    explicit = [f"ckpt_path={ckpt}", "output_dir=elsewhere"]
+    assert resume_run_dir(explicit) == explicit
+    loose = [f"ckpt_path={tmp_path / 'weights.ckpt'}"]  # not a train.py run layout: left alone
+    assert resume_run_dir(loose) == loose
+    assert resume_run_dir(["experiment=x"]) == ["experiment=x"]
+
+
 def test_unknown_experiment_lists_valid_ones():
     proc = run_train("experiment=nope")
     assert proc.returncode == 2
@@ -280,6 +301,9 @@ def test_callback_rejects_unknown_pooler_before_training(tiny_bert, real_data_ro
      DataError, r"fit corpus 'file:no/such.txt': file .*no/such.txt does not exist"),
     (["callbacks.sts_evaluation.poolers=[idf]", "+callbacks.sts_evaluation.pooler_args.idf.corpus=file:gone.txt"],
      DataError, r"fit corpus 'file:gone.txt': file .* does not exist"),
+    (["callbacks.sts_evaluation.dev_poolers=[ditto]", "+callbacks.sts_evaluation.pooler_args.ditto.head=99",
+      "callbacks.sts_evaluation.score_best_at_end=false", "callbacks.sts_evaluation.evaluate_before_training=false"],
+     ConfigError, r"ditto layer 0 / head 99 is out of range"),  # dev poolers too, even with no final scoring
 ])
 def test_callback_checks_fit_end_poolers_and_corpora_before_training(overrides, error, message, tiny_bert,
                                                                     real_data_root, tmp_path, nli_csv):

@@ -24,6 +24,7 @@ from training.loggers import build_loggers, finish_wandb, log_config
 
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def experiment_names() -> list[str]:
@@ -31,12 +32,47 @@ def experiment_names() -> list[str]:
 
 
 def check_experiment_overrides(argv: list[str]) -> None:
-    """Fail with one line listing the valid names when `experiment=NAME` names no config."""
+    """Fail with one line listing the valid names when `experiment=NAME` names no config (under -m, every name of
+    a sweep such as `experiment=a,b`)."""
+    multirun = any(arg in MULTIRUN_FLAGS for arg in argv)
     for arg in argv:
         if arg.lstrip("+").startswith("experiment="):
-            name = arg.split("=", 1)[1]
-            if name not in experiment_names():
-                raise ConfigError(f"unknown experiment {name!r}; valid experiments: {', '.join(experiment_names())}")
+            names = [arg.split("=", 1)[1]]
+            if multirun:
+                try:
+                    names = sweep_values(arg) or names
+                except Exception:  # a syntax error: Hydra reports it
+                    return
+            for name in names:
+                if name not in experiment_names():
+                    raise ConfigError(f"unknown experiment {name!r}; valid experiments: "
+                                      f"{', '.join(experiment_names())}")
+
+
+def sweep_values(override: str) -> list[str]:
+    """The values a multirun override sweeps over (`a,b`, `choice(a,b)`, `range(...)`); [] when not a sweep or not
+    enumerable (Optuna's `interval(...)`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    (parsed,) = OverridesParser.create().parse_overrides([override])
+    if not parsed.is_sweep_override():
+        return []
+    try:
+        return list(parsed.sweep_string_iterator())
+    except Exception:  # interval sweeps have no values to list
+        return []
+
+
+def resume_run_dir(argv: list[str]) -> list[str]:
+    """`ckpt_path=RUN/checkpoints/X.ckpt` without `output_dir=`: resume INTO that run (`output_dir=RUN`), so the
+    curve, metrics.csv and ModelCheckpoint's best score (kept only for the same directory) continue there."""
+    ckpt = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("ckpt_path=")), None)
+    if not ckpt or ckpt == "null" or any(arg.lstrip("+").startswith("output_dir=") for arg in argv):
+        return argv
+    path = Path(ckpt)
+    if path.parent.name != "checkpoints":
+        return argv
+    return [*argv, f"output_dir={path.parent.parent}"]
 
 
 def build(node, **kwargs):
@@ -77,9 +113,6 @@ def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
             f"prefix it with '+' (+{key}=...) only if it is really a new key")
 
 
-MULTIRUN_FLAGS = ("-m", "--multirun")
-
-
 def first_of_sweeps(overrides: list[str]) -> list[str]:
     """Multirun overrides as one job's: each sweep (`a=1,2`, `range(...)`, `choice(...)`) replaced by its first
     value; sweeps without one (Optuna's `interval(...)`) are left out of the check."""
@@ -89,11 +122,8 @@ def first_of_sweeps(overrides: list[str]) -> list[str]:
     for override in OverridesParser.create().parse_overrides(overrides):
         if not override.is_sweep_override():
             single.append(override.input_line)
-            continue
-        try:
-            single.append(f"{override.get_key_element()}={next(iter(override.sweep_string_iterator()))}")
-        except Exception:  # no enumerable values
-            continue
+        elif values := sweep_values(override.input_line):
+            single.append(f"{override.get_key_element()}={values[0]}")
     return single
 
 
@@ -122,8 +152,8 @@ def check_override_keys(argv: list[str]) -> None:
 
 
 def best_dev_score(trainer: pl.Trainer) -> float | None:
-    """The monitored dev score of the best checkpoint; without one (training ended before the first evaluation
-    after step 0), the best score the STS callback logged, step 0 included (= `val/stsb_dev/mask_best`)."""
+    """The monitored dev score of the best checkpoint (= the last `val/stsb_dev/mask_best`); without one (training
+    ended before the first evaluation after step 0), the untrained model's step-0 score, so the objective exists."""
     best = getattr(trainer.checkpoint_callback, "best_model_score", None)
     if best is not None:
         return float(best)
