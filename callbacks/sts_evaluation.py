@@ -132,9 +132,10 @@ class STSEvaluationCallback(pl.Callback):
         requests = [(self.dev_extra_poolers, False)]
         if self.score_best_at_end:
             requests.append((self.extra_poolers, bool(self.posts)))
+        corpora = self._corpora()
         for extra, has_posts in requests:
             with self._scoring(module, extra) as (encoder, poolers):
-                check_scoring(encoder, poolers, module.eval_template, has_posts, self.fit_corpus, self._corpora())
+                check_scoring(encoder, poolers, module.eval_template, has_posts, self.fit_corpus, corpora)
 
     def _dev_scores(self, trainer, module) -> dict[str, float]:
         started = time.perf_counter()
@@ -160,11 +161,18 @@ class STSEvaluationCallback(pl.Callback):
         maximum of the selection pooler over the evaluations ModelCheckpoint sees (step > 0), is what W&B sweeps
         optimise (a run's summary keeps the LAST value logged; the checkpoint kept is the best)."""
         metrics = {self._metric(p): v for p, v in values.items()}
-        scores = [point[SELECTION_POOLER] for point in self.history if SELECTION_POOLER in point and point["step"] > 0]
-        if scores:
-            metrics[self._metric(SELECTION_POOLER) + "_best"] = max(scores)
+        best = self.best_selection_score()
+        if best is not None:
+            metrics[self._metric(SELECTION_POOLER) + "_best"] = best
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
+
+    def best_selection_score(self, include_untrained: bool = False) -> float | None:
+        """Best dev score of the selection pooler so far: over the evaluations ModelCheckpoint sees (step > 0), or
+        also the step-0 one of the untrained model."""
+        scores = [point[SELECTION_POOLER] for point in self.history
+                  if SELECTION_POOLER in point and (include_untrained or point["step"] > 0)]
+        return max(scores) if scores else None
 
     def state_dict(self) -> dict:
         return {"history": self.history}  # a resumed run keeps its curve and best-so-far

@@ -1,6 +1,6 @@
 """Saves the W&B run id with every checkpoint, so `ckpt_path=...` resumes the same W&B run.
 
-The id goes to `checkpoint["wandb"]` (read back by `training.loggers.read_wandb_run_id` BEFORE the logger is
+The id goes to `checkpoint["wandb"]` (read back by `training.loggers.wandb_run_id` BEFORE the logger is
 created: W&B needs the id at `wandb.init`, which is earlier than Lightning restores callback states).
 """
 

@@ -9,12 +9,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from common.errors import ConfigError
+from common.errors import ConfigError, DataError
 from common.io import umask_mode
 from exporting.hf_export import write_hf_directory
 from exporting.model_card import model_card
 from exporting.st_export import write_sentence_transformers_files
-from inference.prompt_encoder import PromptEncoder
+from inference.prompt_encoder import PromptEncoder, export_block
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -31,8 +31,8 @@ def check_out(out: Path, overwrite: bool) -> None:
 
 def is_export(directory: Path) -> bool:
     try:
-        return "promptemb" in json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, TypeError):
+        return export_block(directory) is not None
+    except DataError:  # a config.json that is not JSON: not ours to delete
         return False
 
 

@@ -62,22 +62,17 @@ class MTEBEncoder:
         return self.encoder.encode(texts, batch_size=kwargs.get("batch_size", self.batch_size))
 
     @staticmethod
-    def _as_array(embeddings) -> np.ndarray:
-        return np.asarray(embeddings.detach().cpu() if hasattr(embeddings, "detach") else embeddings,
-                          dtype=np.float64)
+    def _unit_rows(embeddings) -> np.ndarray:
+        rows = np.atleast_2d(np.asarray(embeddings.detach().cpu() if hasattr(embeddings, "detach") else embeddings,
+                                        dtype=np.float64))
+        return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
     def similarity(self, embeddings1, embeddings2):
         import torch
 
-        a = self._as_array(embeddings1)
-        b = self._as_array(embeddings2)
-        a = np.atleast_2d(a) / np.maximum(np.linalg.norm(np.atleast_2d(a), axis=1, keepdims=True), 1e-12)
-        b = np.atleast_2d(b) / np.maximum(np.linalg.norm(np.atleast_2d(b), axis=1, keepdims=True), 1e-12)
-        return torch.from_numpy(a @ b.T)
+        return torch.from_numpy(self._unit_rows(embeddings1) @ self._unit_rows(embeddings2).T)
 
     def similarity_pairwise(self, embeddings1, embeddings2):
         import torch
 
-        a, b = np.atleast_2d(self._as_array(embeddings1)), np.atleast_2d(self._as_array(embeddings2))
-        norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-        return torch.from_numpy((a * b).sum(1) / np.maximum(norms, 1e-12))
+        return torch.from_numpy((self._unit_rows(embeddings1) * self._unit_rows(embeddings2)).sum(1))

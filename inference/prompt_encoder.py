@@ -199,15 +199,25 @@ class PromptEncoder:
         return encoder
 
 
-def read_export_record(directory: Path) -> dict:
+def export_block(directory: Path) -> dict | None:
+    """The `promptemb` block of `directory/config.json`; None without one (no config.json, or not written by
+    export.py). Invalid JSON is a DataError."""
     config = directory / "config.json"
     if not config.is_file():
-        raise ConfigError(f"{directory} is not an export directory (no config.json); run export.py first")
+        return None
     try:
-        record = json.loads(config.read_text(encoding="utf-8")).get("promptemb")
+        data = json.loads(config.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise DataError(f"{config} is not valid JSON ({err})") from None
-    if not isinstance(record, dict):
+    record = data.get("promptemb") if isinstance(data, dict) else None
+    return record if isinstance(record, dict) else None
+
+
+def read_export_record(directory: Path) -> dict:
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"{directory} is not an export directory (no config.json); run export.py first")
+    record = export_block(directory)
+    if record is None:
         raise ConfigError(f"{directory} has no promptemb block in config.json; it was not written by export.py")
     if record.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{directory}: export format {record.get('format_version')} is not {FORMAT_VERSION}")

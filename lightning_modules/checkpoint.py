@@ -44,13 +44,23 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def read_checkpoint(path: str | Path) -> dict:
-    """The checkpoint dict; one-line errors for a missing, unreadable or non-promptemb file."""
+def load_memory_mapped(path: Path) -> dict:
+    """torch.load with the tensors memory-mapped: reading the header (step, W&B id, hyper-parameters) does not read
+    the weights; they are paged in only when used."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_checkpoint(path: str | Path, argument: str = "ckpt") -> dict:
+    """The checkpoint dict; one-line errors for a missing, unreadable or non-promptemb file (`argument`: the
+    option that named it, for the message)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"checkpoint {path} does not exist; pass ckpt=PATH of a .ckpt saved by train.py")
+        raise ConfigError(f"checkpoint {path} does not exist; pass {argument}=PATH of a .ckpt saved by train.py")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = load_memory_mapped(path)
     except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for damaged files
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DataError(f"checkpoint {path} is corrupt or not a PyTorch checkpoint ({reason[:160]})") from None

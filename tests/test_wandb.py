@@ -12,11 +12,12 @@ from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
 from common.errors import ConfigError
 from evaluation.wandb_tables import log_sts_tables, sts_table_rows
+from lightning_modules.checkpoint import read_checkpoint
 from tests.conftest import REPO
 from tests.test_train import compose_train, tiny_overrides
 from tests.wandb_offline import read_run
 from training.csv_logger import ResumableCSVLogger
-from training.loggers import NO_CREDENTIALS, build_loggers, read_wandb_run_id
+from training.loggers import NO_CREDENTIALS, build_loggers, wandb_run_id
 from training.runner import train
 
 
@@ -72,7 +73,7 @@ def test_offline_run_logs_config_metrics_sts_table_and_resume_keeps_run_id(tiny_
 
     # the run id travels with the checkpoint; resuming continues the same W&B run
     last = out / "checkpoints" / "last.ckpt"
-    assert torch.load(last, weights_only=False)["wandb"]["run_id"] == run_id == read_wandb_run_id(last)
+    assert torch.load(last, weights_only=False)["wandb"]["run_id"] == run_id == wandb_run_id(read_checkpoint(last))
     second = train(compose_train([*base, "trainer.max_steps=4", f"ckpt_path={last}",
                                   "callbacks.sts_evaluation.score_best_at_end=false"]))
     assert second.global_step == 4

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -71,35 +70,24 @@ def check_wandb_config(cfg_logger: DictConfig) -> None:
         raise ConfigError(NO_CREDENTIALS)
 
 
-def read_wandb_run_id(ckpt_path: str | os.PathLike | None) -> str | None:
-    """The W&B run id saved in a Lightning checkpoint by WandbRunCallback (None when it has none)."""
-    if not ckpt_path or not Path(ckpt_path).is_file():
-        return None
-    import torch
-
-    try:  # mmap: only the small pickled header is read, not the weights
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # legacy (non-zip) checkpoint format cannot be memory-mapped
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+def wandb_run_id(checkpoint: dict) -> str | None:
+    """The W&B run id saved in a checkpoint dict by WandbRunCallback (None when it has none)."""
     return (checkpoint.get(CHECKPOINT_KEY) or {}).get("run_id")
 
 
-def build_loggers(cfg_logger: DictConfig | None, ckpt_path: str | None = None, resume_step: int | None = None,
-                  ) -> list[Logger]:
-    """Instantiate the configured loggers (W&B: checked first, resumed run id from `ckpt_path`; CSV: the rows
-    before `resume_step`, the resumed checkpoint's step, are kept)."""
+def build_loggers(cfg_logger: DictConfig | None, resume: dict | None = None) -> list[Logger]:
+    """Instantiate the configured loggers. `resume`: the checkpoint dict being resumed from (W&B: its run id is
+    continued; CSV: the rows before its step are kept). W&B configs are checked first."""
     loggers = []
     for name, sub in logger_configs(cfg_logger).items():
-        if sub.get("_target_") == RESUMABLE_CSV_TARGET and resume_step is not None:
-            sub = OmegaConf.merge(sub, {"resume_step": resume_step})
+        if sub.get("_target_") == RESUMABLE_CSV_TARGET and resume is not None:
+            sub = OmegaConf.merge(sub, {"resume_step": int(resume.get("global_step", 0))})
         if is_wandb(sub):
             check_wandb_config(sub)
-            overrides = {}
-            run_id = read_wandb_run_id(ckpt_path) if ckpt_path else None
+            run_id = wandb_run_id(resume) if resume is not None else None
             if run_id and not sub.get("id") and sub.get("mode") != "disabled":
-                log.info("resuming W&B run %s (id saved in %s)", run_id, ckpt_path)
-                overrides["id"] = run_id
-            sub = OmegaConf.merge(sub, overrides) if overrides else sub
+                log.info("resuming W&B run %s (id saved in the checkpoint)", run_id)
+                sub = OmegaConf.merge(sub, {"id": run_id})
         try:
             loggers.append(instantiate(sub, _convert_="all"))
         except InstantiationException as err:  # a typo in a logger option: name the logger, keep Hydra's reason

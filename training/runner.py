@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import WandbLogger
 
-from callbacks.sts_evaluation import SELECTION_POOLER, STSEvaluationCallback
+from callbacks.sts_evaluation import STSEvaluationCallback
 from callbacks.wandb_run import WandbRunCallback
 from common.errors import ConfigError, UserError
 from data.root import resolve_data_root
@@ -25,6 +25,12 @@ from training.loggers import build_loggers, finish_wandb, log_config
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def compose_train(overrides: list[str]) -> DictConfig:
+    """train.py's config as Hydra composes it for these overrides (no run, no output directory)."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
 
 
 def experiment_names() -> list[str]:
@@ -40,7 +46,7 @@ def check_experiment_overrides(argv: list[str]) -> None:
             names = [arg.split("=", 1)[1]]
             if multirun:
                 try:
-                    names = sweep_values(arg) or names
+                    names = sweep_values(parse_overrides([arg])[0]) or names
                 except Exception:  # a syntax error: Hydra reports it
                     return
             for name in names:
@@ -49,16 +55,19 @@ def check_experiment_overrides(argv: list[str]) -> None:
                                       f"{', '.join(experiment_names())}")
 
 
-def sweep_values(override: str) -> list[str]:
-    """The values a multirun override sweeps over (`a,b`, `choice(a,b)`, `range(...)`); [] when not a sweep or not
-    enumerable (Optuna's `interval(...)`)."""
+def parse_overrides(overrides: list[str]) -> list:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    (parsed,) = OverridesParser.create().parse_overrides([override])
-    if not parsed.is_sweep_override():
+    return OverridesParser.create().parse_overrides(overrides)
+
+
+def sweep_values(override) -> list[str]:
+    """The values a parsed multirun override sweeps over (`a,b`, `choice(a,b)`, `range(...)`); [] when not a sweep
+    or not enumerable (Optuna's `interval(...)`)."""
+    if not override.is_sweep_override():
         return []
     try:
-        return list(parsed.sweep_string_iterator())
+        return list(override.sweep_string_iterator())
     except Exception:  # interval sweeps have no values to list
         return []
 
@@ -99,8 +108,7 @@ def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
     base = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
     hint = ""
     try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose("train", overrides=base)
+        cfg = compose_train(base)
         parent, _, leaf = key.lstrip("+~").rpartition(".")
         siblings = OmegaConf.select(cfg, parent) if parent else cfg
         names = [str(k) for k in siblings] if OmegaConf.is_dict(siblings) else []
@@ -116,13 +124,11 @@ def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
 def first_of_sweeps(overrides: list[str]) -> list[str]:
     """Multirun overrides as one job's: each sweep (`a=1,2`, `range(...)`, `choice(...)`) replaced by its first
     value; sweeps without one (Optuna's `interval(...)`) are left out of the check."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     single = []
-    for override in OverridesParser.create().parse_overrides(overrides):
+    for override in parse_overrides(overrides):
         if not override.is_sweep_override():
             single.append(override.input_line)
-        elif values := sweep_values(override.input_line):
+        elif values := sweep_values(override):
             single.append(f"{override.get_key_element()}={values[0]}")
     return single
 
@@ -141,8 +147,7 @@ def check_override_keys(argv: list[str]) -> None:
         except Exception:  # a syntax error: Hydra reports it
             return
     try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            compose("train", overrides=overrides)
+        compose_train(overrides)
     except ConfigCompositionException as err:
         match = re.search(r"Could not override '([^']+)'", str(err))
         if match:
@@ -157,26 +162,20 @@ def best_dev_score(trainer: pl.Trainer) -> float | None:
     best = getattr(trainer.checkpoint_callback, "best_model_score", None)
     if best is not None:
         return float(best)
-    for callback in trainer.callbacks:
-        if isinstance(callback, STSEvaluationCallback) and callback.history:
-            scores = [point[SELECTION_POOLER] for point in callback.history if SELECTION_POOLER in point]
-            return max(scores) if scores else None
-    return None
+    callback = next((c for c in trainer.callbacks if isinstance(c, STSEvaluationCallback)), None)
+    return callback.best_selection_score(include_untrained=True) if callback else None
 
 
 def train(cfg: DictConfig) -> pl.Trainer:
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
-    resume_step = None
-    if cfg.ckpt_path:
-        if not Path(cfg.ckpt_path).is_file():
-            raise ConfigError(f"checkpoint {cfg.ckpt_path} does not exist; pass ckpt_path=PATH of a saved .ckpt")
-        # a damaged or foreign file: one line now, not a traceback from Lightning
-        resume_step = int(read_checkpoint(cfg.ckpt_path).get("global_step", 0))
+    # a missing, damaged or foreign checkpoint: one line now, not a traceback from Lightning
+    resume = read_checkpoint(cfg.ckpt_path, argument="ckpt_path") if cfg.ckpt_path else None
     export_dir = cfg.get("export_dir")
     if export_dir:
         check_out(Path(export_dir), overwrite=False)  # fail before training, not after
-    # W&B: credentials checked and the resumed run id read from the checkpoint before any run is created.
-    loggers = build_loggers(cfg.get("logger"), cfg.ckpt_path, resume_step)
+    # W&B: credentials checked and the resumed run id taken from the checkpoint before any run is created.
+    loggers = build_loggers(cfg.get("logger"), resume)
+    del resume  # only its header was needed; Lightning loads the checkpoint itself
     pl.seed_everything(int(cfg.seed), workers=True)
     # _convert_="all": modules get plain lists/dicts, so checkpoints hold no OmegaConf objects and load with
     # torch.load(weights_only=True).

@@ -69,16 +69,9 @@ def _spec_values(entry: dict) -> list | None:
     return None
 
 
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("train", overrides=overrides)
-
-
 def validate_sweep(spec: dict, where: str = "sweep") -> None:
     """Raise one-line ConfigErrors for anything a W&B agent run would trip on, naming the bad parameter."""
-    from training.runner import experiment_names, unknown_key_message
+    from training.runner import compose_train, experiment_names, unknown_key_message
 
     program = spec.get("program")
     if Path(str(program)).name != "train.py":
@@ -103,7 +96,7 @@ def validate_sweep(spec: dict, where: str = "sweep") -> None:
     parameters = spec.get("parameters")
     if not isinstance(parameters, dict) or not parameters:
         raise ConfigError(f"{where}: no parameters to sweep")
-    base = OmegaConf.to_container(_compose(fixed))
+    base = OmegaConf.to_container(compose_train(fixed))
     context = f"{where}: parameter " + (f"(experiment={experiments[0]}) " if experiments else "")
     for key, entry in parameters.items():
         if not isinstance(entry, dict) or "parameters" in entry:
@@ -127,7 +120,7 @@ def validate_sweep(spec: dict, where: str = "sweep") -> None:
     # the values must compose too (types, group options): one sampled configuration, exactly as overrides
     sampled = sample(spec, random.Random(0))
     try:
-        _compose(fixed + [f"{k}={v}" for k, v in sampled.items()])
+        compose_train(fixed + [f"{k}={v}" for k, v in sampled.items()])
     except Exception as err:
         raise ConfigError(f"{where}: sampled overrides {sampled} do not compose: "
                           f"{' '.join(str(err).split())}") from None
