@@ -14,6 +14,7 @@ writes files.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
+from common.errors import DivergenceError
 from common.io import atomic_write_json
 from data.root import resolve_data_root
 from data.tasks import STS_SUITE, get_tasks, load_registry
@@ -150,7 +152,31 @@ class STSEvaluationCallback(pl.Callback):
         log.info("step %d: %s", trainer.global_step, ", ".join(f"{k} {v:.2f}" for k, v in values.items()))
         if trainer.is_global_zero:
             self._write_curve()
+        bad = {pooler: value for pooler, value in values.items() if not math.isfinite(value)}
+        if bad:  # raised before ModelCheckpoint's turn: nothing is saved from this state
+            pooler, value = next(iter(bad.items()))
+            raise DivergenceError(
+                f"dev score {self._metric(pooler)} is {value} at step {trainer.global_step}: the model diverged; "
+                "stopped without saving, the last good checkpoint stays as it was; lower module.lr or clip gradients "
+                "(trainer.gradient_clip_val=1.0)")
         return values
+
+    def summary(self) -> str | None:
+        """One line on the run: best evaluation (step > 0), the untrained and the final score; a warning when the
+        final score is below the untrained one (the run collapsed)."""
+        points = [p for p in self.history if SELECTION_POOLER in p]
+        if not points:
+            return None
+        name = self._metric(SELECTION_POOLER)
+        trained = [p for p in points if p["step"] > 0] or points
+        best = max(trained, key=lambda p: p[SELECTION_POOLER])
+        first, final = points[0], points[-1]
+        line = (f"best {name} {best[SELECTION_POOLER]:.2f} at step {best['step']} (step {first['step']}: "
+                f"{first[SELECTION_POOLER]:.2f}, final step {final['step']}: {final[SELECTION_POOLER]:.2f})")
+        if first["step"] == 0 and final["step"] > 0 and final[SELECTION_POOLER] < first[SELECTION_POOLER]:
+            line += ("; WARNING: the final dev score is below the untrained model's: training collapsed; "
+                     "lower module.lr or clip gradients")
+        return line
 
     def _metric(self, pooler: str) -> str:
         return f"val/{self.dev_task.lower().replace('stsbenchmark-', 'stsb_')}/{pooler}"

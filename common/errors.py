@@ -25,8 +25,20 @@ class DataError(UserError):
     """Missing, malformed or corrupt data files."""
 
 
+class DivergenceError(UserError):
+    """Training produced a non-finite loss, dev score or weights: the run stops at that step and writes nothing
+    from that state (the last good checkpoint stays as it was)."""
+
+
+class PreemptedError(UserError):
+    """SIGTERM (preemption): a checkpoint was saved at the batch boundary; the message says how to resume."""
+
+    exit_code = 143  # 128 + SIGTERM, what schedulers expect from a terminated job
+
+
 def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
-    """Turn a `UserError` raised by an entry point into one `error: ...` line on stderr and exit code 2."""
+    """Turn a `UserError` raised by an entry point into one `error: ...` line on stderr and its exit code (2 unless
+    the error class says otherwise)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -34,6 +46,6 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
             return fn(*args, **kwargs)
         except UserError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
-            sys.exit(2)
+            sys.exit(getattr(err, "exit_code", 2))
 
     return wrapper

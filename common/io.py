@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -51,5 +52,21 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def finite_or_null(obj: Any) -> Any:
+    """`obj` with every NaN/inf float (numpy and 0-d torch scalars included) replaced by None, so it serialises as
+    strict JSON."""
+    if isinstance(obj, dict):
+        return {key: finite_or_null(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(value) for value in obj]
+    if getattr(obj, "ndim", None) == 0 and hasattr(obj, "item"):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Strict JSON (RFC 8259: no NaN/Infinity tokens; non-finite numbers are written as null)."""
+    text = json.dumps(finite_or_null(obj), indent=2, sort_keys=False, allow_nan=False)
+    return atomic_write_text(path, text + "\n")

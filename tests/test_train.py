@@ -17,7 +17,7 @@ from data.datamodules import TextLinesDataModule
 from lightning_modules.base import NonFiniteLossError
 from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from tests.conftest import REPO
-from training.runner import best_dev_score, check_experiment_overrides, experiment_names, resume_run_dir, train
+from training.runner import best_dev_score, check_experiment_overrides, experiment_names, train
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
 
@@ -184,18 +184,6 @@ def test_multirun_experiment_sweeps_check_every_name():
         check_experiment_overrides(["-m", "experiment=quickstart_unsup,nope"])
     with pytest.raises(ConfigError, match=r"unknown experiment 'a,b'"):  # without -m a comma is part of the name
         check_experiment_overrides(["experiment=a,b"])
-
-
-def test_resume_goes_into_the_checkpoint_run_dir(tmp_path):
-    """ModelCheckpoint keeps its best score only for the same directory, and curve/metrics continue there."""
-    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    assert resume_run_dir(["experiment=x", f"ckpt_path={ckpt}"]) == [
-        "experiment=x", f"ckpt_path={ckpt}", f"output_dir={tmp_path / 'run'}"]
-    explicit = [f"ckpt_path={ckpt}", "output_dir=elsewhere"]
-    assert resume_run_dir(explicit) == explicit
-    loose = [f"ckpt_path={tmp_path / 'weights.ckpt'}"]  # not a train.py run layout: left alone
-    assert resume_run_dir(loose) == loose
-    assert resume_run_dir(["experiment=x"]) == ["experiment=x"]
 
 
 def test_unknown_experiment_lists_valid_ones():

@@ -13,14 +13,19 @@ from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import WandbLogger
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from callbacks.sts_evaluation import STSEvaluationCallback
 from callbacks.wandb_run import WandbRunCallback
-from common.errors import ConfigError, UserError
+from common.errors import ConfigError, PreemptedError, UserError
 from data.root import resolve_data_root
 from exporting.runner import check_out, export_checkpoint
 from lightning_modules.checkpoint import read_checkpoint
 from training.loggers import build_loggers, finish_wandb, log_config
+from training.optuna_search import run_study
+from training.rng_state import RandomStateCallback
+from training.run_dirs import in_multirun, resume_checkpoint
+from training.trials import run_trial
 
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -70,18 +75,6 @@ def sweep_values(override) -> list[str]:
         return list(override.sweep_string_iterator())
     except Exception:  # interval sweeps have no values to list
         return []
-
-
-def resume_run_dir(argv: list[str]) -> list[str]:
-    """`ckpt_path=RUN/checkpoints/X.ckpt` without `output_dir=`: resume INTO that run (`output_dir=RUN`), so the
-    curve, metrics.csv and ModelCheckpoint's best score (kept only for the same directory) continue there."""
-    ckpt = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("ckpt_path=")), None)
-    if not ckpt or ckpt == "null" or any(arg.lstrip("+").startswith("output_dir=") for arg in argv):
-        return argv
-    path = Path(ckpt)
-    if path.parent.name != "checkpoints":
-        return argv
-    return [*argv, f"output_dir={path.parent.parent}"]
 
 
 def build(node, **kwargs):
@@ -166,10 +159,26 @@ def best_dev_score(trainer: pl.Trainer) -> float | None:
     return callback.best_selection_score(include_untrained=True) if callback else None
 
 
+def objective(cfg: DictConfig) -> float | None:
+    return best_dev_score(train(cfg))
+
+
+def run(cfg: DictConfig) -> float | None:
+    """train.py's task: an Optuna search when `hparams_search` is set, else one run (a trial when under -m).
+    Returns the objective, the best STS-B dev [MASK] score (for Hydra's sweepers)."""
+    if cfg.get("hparams_search"):
+        return run_study(cfg, objective)
+    return run_trial(cfg, objective, in_sweep=in_multirun()).objective
+
+
 def train(cfg: DictConfig) -> pl.Trainer:
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
+    checkpoint = resume_checkpoint(cfg.ckpt_path, bool(cfg.get("resume", False)),
+                                   Path(cfg.paths.log_dir) / cfg.task_name)
     # a missing, damaged or foreign checkpoint: one line now, not a traceback from Lightning
-    resume = read_checkpoint(cfg.ckpt_path, argument="ckpt_path") if cfg.ckpt_path else None
+    resume = read_checkpoint(checkpoint, argument="ckpt_path") if checkpoint else None
+    if checkpoint:
+        log.info("resuming from %s (step %s) into %s", checkpoint, resume.get("global_step"), cfg.output_dir)
     export_dir = cfg.get("export_dir")
     if export_dir:
         check_out(Path(export_dir), overwrite=False)  # fail before training, not after
@@ -182,6 +191,7 @@ def train(cfg: DictConfig) -> pl.Trainer:
     datamodule = build(cfg.data)
     module = build(cfg.module)
     callbacks = [build(c) for c in cfg.callbacks.values() if c is not None]
+    callbacks.append(RandomStateCallback())  # exact resume: dropout draws continue where the checkpoint left them
     for callback in callbacks:
         if isinstance(callback, STSEvaluationCallback):
             callback.provenance.update(seed=int(cfg.seed), config=OmegaConf.to_container(cfg, resolve=True),
@@ -192,10 +202,18 @@ def train(cfg: DictConfig) -> pl.Trainer:
     log_config(loggers, cfg)
     exit_code = 1
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(checkpoint) if checkpoint else None)
+        except SIGTERMException:
+            raise PreemptedError(f"preempted (SIGTERM) at step {trainer.global_step}: saved "
+                            f"{trainer.checkpoint_callback.last_model_path}; resume with the same command plus "
+                            "ckpt_path=last (or ckpt_path=PATH of that file)") from None
         exit_code = 0
     finally:
         finish_wandb(loggers, exit_code)
+    sts = next((c for c in callbacks if isinstance(c, STSEvaluationCallback)), None)
+    if trainer.is_global_zero and sts is not None and (line := sts.summary()):
+        log.warning(line) if "WARNING" in line else log.info(line)
     if export_dir and trainer.is_global_zero and not trainer.interrupted:
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
         if not best:

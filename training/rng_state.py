@@ -1,0 +1,56 @@
+"""Random-number state in checkpoints, so a resumed run draws the same dropout masks as the uninterrupted one.
+
+Lightning restores weights, optimiser, schedule and loop counters but not the generators. This callback saves the
+global torch (CPU and CUDA), numpy and Python states with every checkpoint and restores them just before the first
+batch a resumed run trains on, so whatever ran in between (model construction, the data loader, hooks) cannot shift
+them. Stored as tensors and plain containers: checkpoints stay loadable with `torch.load(weights_only=True)`.
+Under DDP every rank restores rank 0's state: ranks are seeded alike and draw alike.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+
+def capture() -> dict:
+    name, keys, position, has_gauss, cached_gauss = np.random.get_state()
+    version, python_state, gauss_next = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gauss": float(cached_gauss)},
+        "python": {"version": version, "state": torch.tensor(python_state, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+    }
+
+
+def restore(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state["numpy"]
+    np.random.set_state((saved["name"], saved["keys"].numpy().astype(np.uint32), saved["position"],
+                         saved["has_gauss"], saved["cached_gauss"]))
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss_next"]))
+
+
+class RandomStateCallback(pl.Callback):
+    def __init__(self):
+        self.pending: dict | None = None
+
+    def state_dict(self) -> dict:
+        return capture()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.pending = state_dict
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.pending is not None:
+            restore(self.pending)
+            self.pending = None

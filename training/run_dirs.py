@@ -1,0 +1,86 @@
+"""Run folders: where a run writes, which checkpoint `ckpt_path=last` means, and cleaning up after a failed start.
+
+Layout (lightning-hydra-template's): `<log_dir>/<task_name>/runs/<timestamp>` for a single run and
+`<log_dir>/<task_name>/multiruns/<timestamp>/<job number>` for each trial of a sweep; timestamps carry microseconds
+and every trial has its own numbered folder, so no two runs ever share one. Resuming (`ckpt_path=PATH` of a
+`RUN/checkpoints/*.ckpt`, or `ckpt_path=last` / `resume=true` for the newest run of the same task) writes into the
+checkpoint's own run folder, where its curve, metrics.csv and best-checkpoint bookkeeping continue.
+
+The `promptemb.run_dir` resolver computes `output_dir` (and so Hydra's run dir) from these rules; it is registered
+when this module is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from common.errors import ConfigError
+
+LAST = "last"
+#: what Hydra itself writes into a run folder before the task runs
+HYDRA_BOOKKEEPING = (".hydra", "train.log", "evaluate.log", "export.log")
+
+
+def in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def newest_last_checkpoint(task_dir: Path) -> Path | None:
+    """The most recently written `checkpoints/last.ckpt` of any run (or trial) of one task."""
+    candidates = [*task_dir.glob("runs/*/checkpoints/last.ckpt"), *task_dir.glob("multiruns/*/*/checkpoints/last.ckpt")]
+    return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def resume_checkpoint(ckpt_path: str | None, resume: bool, task_dir: str | Path) -> Path | None:
+    """The checkpoint a run resumes from: `ckpt_path` as given, or for `last` / `resume=true` the newest one of the
+    task; None for a fresh run. A `last` with nothing to resume is an error."""
+    if ckpt_path in (None, "", "null") and not resume:
+        return None
+    if ckpt_path not in (None, "", "null", LAST):
+        return Path(str(ckpt_path))
+    found = newest_last_checkpoint(Path(task_dir))
+    if found is None:
+        raise ConfigError(f"nothing to resume: no run under {task_dir} has checkpoints/last.ckpt; start a fresh run "
+                          "(drop ckpt_path/resume) or pass ckpt_path=PATH")
+    return found
+
+
+def run_dir(ckpt_path: str | None, resume: bool, task_dir: str, stamp: str) -> str:
+    """`output_dir`'s default: the resumed checkpoint's run folder, this trial's folder in a sweep, else a new
+    timestamped folder."""
+    if in_multirun():
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.output_dir
+    try:
+        checkpoint = resume_checkpoint(ckpt_path, bool(resume), task_dir)
+    except ConfigError:  # reported by train.py with its one line; Hydra needs some folder meanwhile
+        checkpoint = None
+    if checkpoint is not None and checkpoint.parent.name == "checkpoints":
+        return str(checkpoint.parent.parent)
+    return str(Path(task_dir) / "runs" / stamp)
+
+
+OmegaConf.register_new_resolver("promptemb.run_dir", run_dir, replace=True)
+
+
+def remove_if_untouched(folder: Path) -> bool:
+    """Delete a run folder holding nothing but Hydra's bookkeeping (a run that failed before doing any work), and
+    the parents that this leaves empty below the current directory. True when removed."""
+    folder = Path(folder)
+    if not folder.is_dir() or any(entry.name not in HYDRA_BOOKKEEPING for entry in folder.iterdir()):
+        return False
+    shutil.rmtree(folder)
+    cwd = Path.cwd().resolve()
+    parent = folder.resolve().parent
+    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
+        os.rmdir(parent)
+        parent = parent.parent
+    return True
