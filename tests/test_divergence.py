@@ -142,3 +142,24 @@ def test_optuna_search_records_the_failed_trial_and_goes_on(tiny_bert, real_data
     rows = strict_json(out / "summary.json")["trials"]
     assert [row["status"] for row in rows] == ["completed", "failed", "completed"]
     assert (out / "trials" / "1" / "status.json").is_file() and (out / "trials" / "2" / "curve.json").is_file()
+
+
+@pytest.mark.parametrize("epoch_batches, max_steps, global_step, done, expected", [
+    (1135, 50, 0, 0, 50),        # a short run in a long epoch: the bar ends with the run
+    (1135, -1, 0, 0, 1135),      # epoch-bounded
+    (6, 9, 6, 0, 3),             # second epoch of a 9-step run
+    (1135, 50, 30, 30, 50),      # resumed mid-epoch at step 30
+])
+def test_progress_bar_total_follows_max_steps(epoch_batches, max_steps, global_step, done, expected):
+    from types import SimpleNamespace
+
+    from training.progress import StepBoundedProgressBar
+
+    progress = SimpleNamespace(current=SimpleNamespace(ready=done))
+    trainer = SimpleNamespace(num_training_batches=epoch_batches, max_steps=max_steps, global_step=global_step,
+                              max_epochs=1,
+                              accumulate_grad_batches=1,
+                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+    bar = StepBoundedProgressBar()
+    bar._trainer = trainer
+    assert bar.total_train_batches == expected
