@@ -83,8 +83,12 @@ def test_literal_mask_text_in_sentence_is_not_a_mask_position(tokenizer):
      ("append_period", "a cat", "a cat."),
      ("append_period", "a cat?", "a cat?"),
      ("append_period", 'he said "hi"', 'he said "hi"'),
-     ("promptbert", 'he said "hi', "he said 'hi."),
-     ("promptbert", "is it?", "is it.")],
+     # the official PromptBERT evaluation only appends "." (no `"` -> `'`, no final `?` -> `.`)
+     ("promptbert", 'he said "hi', 'he said "hi.'),
+     ("promptbert", 'he said "hi"', 'he said "hi"'),
+     ("promptbert", "it's 'ok'", "it's 'ok'"),
+     ("promptbert", "is it?", "is it?"),
+     ("promptbert", "a cat", "a cat.")],
 )
 def test_sentence_rules(rule, sentence, expected):
     assert apply_sentence_rule(sentence, rule) == expected
@@ -105,3 +109,11 @@ def test_template_needs_exactly_one_sentence_slot(text):
 def test_mask_required_error():
     with pytest.raises(ConfigError, match=r"needs a \[MASK\]"):
         Template('This sentence : "[X]" .').require_mask("pooler 'mask'")
+
+
+def test_exported_module_applies_the_same_sentence_rules():
+    from exporting.st_module import apply_sentence_rule as exported_rule
+
+    sentences = ["a cat", "is it?", 'he said "hi"', 'he said "hi', "it's 'ok'", "end.", ""]
+    for rule in ("none", "append_period", "promptbert"):
+        assert [exported_rule(s, rule) for s in sentences] == [apply_sentence_rule(s, rule) for s in sentences]
