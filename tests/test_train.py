@@ -76,6 +76,9 @@ def test_published_recipes_keep_their_hyperparameters():
     assert unsup.module.model_name_or_path == "bert-base-uncased" and unsup.module.temperature == 0.05
     assert (sup.module.lr, sup.data.batch_size, sup.trainer.max_epochs) == (5e-5, 512, 3)
     assert (opti.module.lr, opti.data.batch_size, opti.trainer.max_epochs) == (3e-5, 256, 5)
+    # the official recipes train with Hugging Face Trainer, whose default clips the gradient norm at 1.0
+    assert [cfg.trainer.gradient_clip_val for cfg in (unsup, sup, opti)] == [1.0, 1.0, 1.0]
+    assert {cfg.trainer.get("gradient_clip_algorithm", "norm") for cfg in (unsup, sup, opti)} == {"norm"}
 
 
 def test_resume_continues_from_the_saved_step(tiny_bert, real_data_root, tmp_path, nli_csv):
