@@ -318,3 +318,16 @@ def test_callback_checks_fit_end_poolers_and_corpora_before_training(overrides, 
         train(cfg)
     assert not (out / "curve.json").exists()
     assert not list(out.rglob("*.ckpt"))
+
+
+def test_relative_corpus_path_is_relative_to_the_data_root_not_the_cwd(tmp_path, monkeypatch):
+    """A same-named file in the current directory must not silently replace the configured corpus."""
+    root, elsewhere = tmp_path / "root", tmp_path / "cwd"
+    for directory, text in ((root, "from the data root\n"), (elsewhere, "from the current directory\n")):
+        (directory / "training").mkdir(parents=True)
+        (directory / "training" / "corpus.txt").write_text(text)
+    monkeypatch.chdir(elsewhere)
+    module = TextLinesDataModule(files=["training/corpus.txt"], batch_size=1, data_root=str(root), held_out_tasks=[])
+    assert module.load() == ["from the data root"]
+    absolute = TextLinesDataModule(files=[str(elsewhere / "training/corpus.txt")], batch_size=1, data_root=str(root))
+    assert absolute.load() == ["from the current directory"]
