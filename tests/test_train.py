@@ -331,3 +331,44 @@ def test_relative_corpus_path_is_relative_to_the_data_root_not_the_cwd(tmp_path,
     assert module.load() == ["from the data root"]
     absolute = TextLinesDataModule(files=[str(elsewhere / "training/corpus.txt")], batch_size=1, data_root=str(root))
     assert absolute.load() == ["from the current directory"]
+
+
+def test_fit_end_scores_the_best_checkpoint_safely_and_restores_the_live_weights(tiny_bert, real_data_root,
+                                                                                  tmp_path, monkeypatch):
+    """The best checkpoint is read with torch.load(weights_only=True), scored, and the module the caller holds
+    keeps the weights it was trained to."""
+    from types import SimpleNamespace
+
+    from callbacks.sts_evaluation import STSEvaluationCallback
+
+    module = PromptBERTUnsup(str(tiny_bert))
+    live = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    best = {name: tensor + 0.01 if tensor.is_floating_point() else tensor for name, tensor in live.items()}
+    path = tmp_path / "best.ckpt"
+    torch.save({"state_dict": best}, path)
+    callback = STSEvaluationCallback(output_dir=str(tmp_path / "out"), data_root=str(real_data_root),
+                                     final_tasks=["STSBenchmark"], provenance={"seed": 1})
+    scored, real_score = {}, callback.score
+
+    def spy(scored_module, *args, **kwargs):
+        scored.update({name: tensor.clone() for name, tensor in scored_module.state_dict().items()})
+        return real_score(scored_module, *args, **kwargs)
+
+    loads, real_load = [], torch.load
+
+    def recording_load(*args, **kwargs):
+        loads.append(kwargs.get("weights_only"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(callback, "score", spy)
+    monkeypatch.setattr(torch, "load", recording_load)
+    trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(best_model_path=str(path),
+                                                                  best_model_score=torch.tensor(50.0)),
+                              interrupted=False, is_global_zero=True, loggers=[], global_step=2)
+    callback.on_fit_end(trainer, module)
+    assert loads and all(flag is True for flag in loads)
+    for name, tensor in module.state_dict().items():
+        torch.testing.assert_close(scored[name], best[name])
+        torch.testing.assert_close(tensor, live[name])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["provenance"]["model"]["checkpoint"] == str(path)
