@@ -133,6 +133,15 @@ def test_malformed_sts_input(tmp_path, content, message):
         read_sts_subset(inputs, gold, "alpha")
 
 
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    inputs, gold = tmp_path / "STS.input.alpha.txt", tmp_path / "STS.gs.alpha.txt"
+    inputs.write_bytes(b"a\tb\nc\td\nthe caf\xe9\tx\n")
+    gold.write_text("1.0\n2.0\n3.0\n")
+    with pytest.raises(DataError, match=r"STS\.input\.alpha\.txt:3: not valid UTF-8 \(invalid continuation byte: "
+                                        r"byte 0xe9 at byte 8 of the line\)"):
+        read_sts_subset(inputs, gold, "alpha")
+
+
 def test_malformed_gold_and_stsb(tmp_path):
     inputs, gold = tmp_path / "in.txt", tmp_path / "gs.txt"
     inputs.write_text("a\tb\nc\td\n")

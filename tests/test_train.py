@@ -233,6 +233,20 @@ def test_nli_file_with_missing_columns(tmp_path):
         read_nli_csv(path)
 
 
+def test_invalid_utf8_in_a_training_corpus_names_file_and_line(tmp_path):
+    """Never silently replaced by U+FFFD: the corpus would train on text that is not in the file."""
+    lines = tmp_path / "corpus.txt"
+    lines.write_bytes(b"first line\r\nsecond\n\xff bad\n")
+    with pytest.raises(DataError, match=r"corpus\.txt:3: not valid UTF-8 \(invalid start byte: byte 0xff at byte 1"):
+        read_text_lines([lines])
+    lines.write_bytes(b"first line\r\nsecond\rthird\n\n")
+    assert read_text_lines([lines]) == ["first line", "second", "third"]
+    nli = tmp_path / "nli.csv"
+    nli.write_bytes(b"sent0,sent1,hard_neg\na,b,c\nd,\xc3(,f\n")
+    with pytest.raises(DataError, match=r"nli\.csv:3: not valid UTF-8"):
+        read_nli_csv(nli)
+
+
 def test_empty_corpus(tmp_path):
     path = tmp_path / "empty.txt"
     path.write_text("\n  \n")
