@@ -132,6 +132,14 @@ class EncodeStats:
     forward_sequences: int = 0
 
 
+@dataclass(frozen=True)
+class Truncation:
+    """Which sentences of one `embed` call's input form were cut to `max_sentence_tokens` (in input order)."""
+
+    max_sentence_tokens: int
+    truncated: np.ndarray  # bool [N]
+
+
 class Encoder:
     """A tokenizer + transformer pair that embeds sentences for any set of poolers.
 
@@ -206,6 +214,8 @@ class Encoder:
         self.attentions = attentions
         self.progress = progress
         self.stats = EncodeStats()
+        #: per input form ("plain" / "templated") of the last `embed` call: which sentences were truncated
+        self.truncation: dict[str, Truncation] = {}
         self.tokenizer = tokenizer
         self.transformer = transformer
         self.mlm_head = mlm_head
@@ -283,6 +293,7 @@ class Encoder:
             templated = pooler.needs.templated or pooler.needs.template_bias
             by_form[InputForm(template if templated else None, sentence_rule, max_sentence_tokens)].append(pooler)
         embeddings: dict[str, np.ndarray] = {}
+        self.truncation = {}
         for form, form_poolers in by_form.items():
             embeddings.update(self.encode_form(sentences, form_poolers, form))
         return {pooler.name: embeddings[pooler.name] for pooler in poolers}
@@ -296,10 +307,11 @@ class Encoder:
         """One input form: tokenize all, sort by length, one forward per batch, every pooler on every batch."""
         builder = self.input_builder(form)
         items = builder.build(list(sentences))
+        label = "templated" if form.template else "plain"
+        self.truncation[label] = Truncation(builder.max_sentence_tokens, np.array([i.truncated for i in items], bool))
         order = np.argsort([-len(item.input_ids) for item in items], kind="stable")
         needs = combine_needs(poolers, self.num_layers)
         chunks: dict[str, list[torch.Tensor]] = {pooler.name: [] for pooler in poolers}
-        label = "templated" if form.template else "plain"
         starts = range(0, len(items), self.batch_size)
         for start in tqdm(starts, desc=f"encode ({label})", unit="batch", disable=not self.progress, leave=False):
             batch = collate([items[i] for i in order[start : start + self.batch_size]],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from poolers import build_pooler, build_poolers
 from poolers.fitted import CorpusFittedPooler
 from postprocessing import build_posts
 
+log = logging.getLogger(__name__)
 MODES = ("score", "encode")
 
 
@@ -113,6 +115,11 @@ def encode(cfg: DictConfig) -> np.ndarray:
         pooler.fit(label, fit_sentences, encoder.tokenizer)
     embeddings = encoder.embed(sentences, [pooler], template, cfg.sentence_rule, cfg.max_sentence_tokens)[pooler.name]
     embeddings = embeddings.astype(np.float32)
+    (label, cut), = encoder.truncation.items()
+    truncated = int(cut.truncated.sum())
+    if truncated:
+        log.warning("%s: %s of %s sentences longer than %d tokens were truncated (%s input)", cfg.input,
+                    f"{truncated:,}", f"{len(sentences):,}", cut.max_sentence_tokens, label)
     output = Path(cfg.output)
 
     def save(tmp: Path) -> None:
@@ -122,6 +129,7 @@ def encode(cfg: DictConfig) -> np.ndarray:
     atomic_write(output, save)
     atomic_write_json(output.with_suffix(output.suffix + ".json"),
                       {"input": str(cfg.input), "rows": len(sentences),
+                       "truncated": {"sentences": truncated, "max_tokens": cut.max_sentence_tokens},
                        "provenance": provenance(cfg, encoder, template, [pooler], int(cfg.seed))})
     print(f"wrote {output}: {embeddings.shape[0]} x {embeddings.shape[1]} float32 ({pooler.name} pooling)")
     return embeddings

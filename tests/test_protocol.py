@@ -1,5 +1,6 @@
 """SentEval 'all' protocol: blank gold lines dropped, subsets concatenated, Spearman with averaged ties, checksums."""
 
+import logging
 import math
 
 import numpy as np
@@ -97,6 +98,27 @@ def test_score_equals_hand_computation_over_concatenation(mini_data, tiny_bert):
     per_task = [result["scores"]["mean"][t.name] for t in tasks]
     assert result["scores"]["mean"]["avg"] == pytest.approx(sum(per_task) / 3)
     assert set(result["details"]["mean"]["MINI12"]["subsets"]) == {"alpha", "beta"}
+
+
+def test_truncated_sentences_are_counted_and_reported_once_per_task(mini_data, tiny_bert, caplog):
+    root, registry = mini_data
+    tasks = get_tasks(["MINI12", "MINI-B"], load_registry(registry))
+    encoder = Encoder(str(tiny_bert), progress=False)
+    limit = 5
+    caplog.set_level(logging.WARNING, logger="evaluation.sts")
+    result = evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), max_sentence_tokens=limit)
+    for spec in tasks:
+        pairs = spec.load(root)
+        unique = set(pairs.sentences1 + pairs.sentences2)
+        longer = sum(len(encoder.tokenizer(s, add_special_tokens=False)["input_ids"]) > limit for s in unique)
+        assert 0 < longer < len(unique)
+        assert result["tasks"][spec.name]["truncated"] == {
+            "plain": {"truncated": longer, "sentences": len(unique), "max_tokens": limit}}
+        message = f"{spec.name}: {longer} of {len(unique)} sentences longer than {limit} tokens were truncated"
+        assert sum(message in record.getMessage() for record in caplog.records) == 1
+    caplog.clear()
+    evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), max_sentence_tokens=limit)
+    assert not [record for record in caplog.records if "truncated" in record.getMessage()]  # once per task
 
 
 def test_sentence_index_deduplicates():

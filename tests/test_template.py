@@ -49,6 +49,16 @@ def test_only_the_sentence_is_truncated(tokenizer):
     assert tight.input_ids[-5:] == [*ids(tokenizer, '" means [MASK] .'), tokenizer.sep_token_id]
 
 
+def test_truncation_is_flagged_and_transformers_does_not_warn(tokenizer, capfd):
+    tokenizer.deprecation_warnings.clear()  # transformers warns once per tokenizer
+    long_sentence = " ".join(["word"] * 600)  # longer than the tokenizer's 512-token model_max_length
+    items = InputBuilder(tokenizer, InputForm(Template(PROMPT), max_sentence_tokens=3), max_length=512).build(
+        ["one two three", "one two three four", long_sentence])
+    assert [item.truncated for item in items] == [False, True, True]
+    assert [item.sentence_length for item in items] == [3, 3, 3]
+    assert "Token indices sequence length is longer" not in capfd.readouterr().err
+
+
 def test_plain_form_is_cls_sentence_sep(tokenizer):
     item = InputBuilder(tokenizer, InputForm(), max_length=512).build(["hello world"])[0]
     assert item.input_ids == tokenizer(["hello world"])["input_ids"][0]
