@@ -44,16 +44,33 @@ def read_text_lines(paths: Iterable[Path]) -> list[str]:
     return sentences
 
 
+def _check_nli_columns(path: Path, header: list[str] | None) -> None:
+    missing = [c for c in NLI_COLUMNS if c not in (header or [])]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {', '.join(missing)}; expected a header "
+                        f"{','.join(NLI_COLUMNS)} (found {','.join(header or []) or 'no header'})")
+
+
+def check_nli_header(path: Path) -> None:
+    """The columns of an NLI csv from its header line alone (before any model is loaded)."""
+    if not path.is_file():
+        raise DataError(f"NLI file {path} does not exist; check data.file and data_root")
+    with path.open("rb") as handle:
+        first = handle.readline()
+    try:
+        header = next(csv.reader([first.decode("utf-8")]), None)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}:1: not valid UTF-8 ({err.reason}); re-save the file as UTF-8") from None
+    _check_nli_columns(path, header)
+
+
 def read_nli_csv(path: Path) -> list[tuple[str, str, str]]:
     """SimCSE's NLI format: header `sent0,sent1,hard_neg`, one triplet per row."""
     if not path.is_file():
         raise DataError(f"NLI file {path} does not exist; check data.file and data_root")
     with io.StringIO(read_utf8_text(path), newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in NLI_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise DataError(f"{path}: missing column(s) {', '.join(missing)}; expected a header "
-                            f"{','.join(NLI_COLUMNS)} (found {','.join(reader.fieldnames or []) or 'no header'})")
+        _check_nli_columns(path, reader.fieldnames)
         triplets = []
         for lineno, row in enumerate(reader, start=2):
             values = tuple((row[c] or "").strip() for c in NLI_COLUMNS)

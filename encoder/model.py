@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
@@ -45,12 +46,28 @@ def resolve_model_path(name_or_path: str) -> str:
     raise ConfigError(f"model {name_or_path!r}: package {module_name!r} has no get_model_path() or MODEL_DIR")
 
 
-def load_pretrained(name_or_path: str, *, mlm_head: bool = False, **model_kwargs):
-    """(tokenizer, model, loading info) of a hub name, local directory or `package:MODULE`; the *ForMaskedLM variant
-    when `mlm_head`. Load failures become one-line `ConfigError`s."""
+def check_model_source(name_or_path: str) -> str:
+    """The resolved path of a hub name, local directory or `package:MODULE`, checked without loading the model: a
+    local directory must exist and each of its safetensors files must be complete (only the header is read)."""
     path = resolve_model_path(name_or_path)
     if not Path(path).exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
         raise ConfigError(f"model directory {path} does not exist; pass a local directory or a hub name")
+    if Path(path).is_dir():
+        for weights in sorted(Path(path).glob("*.safetensors")):
+            try:
+                with safe_open(weights, framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as err:
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ConfigError(f"model weights {weights} are truncated or corrupt ({reason}); download or save "
+                                  "the model again") from None
+    return path
+
+
+def load_pretrained(name_or_path: str, *, mlm_head: bool = False, **model_kwargs):
+    """(tokenizer, model, loading info) of a hub name, local directory or `package:MODULE`; the *ForMaskedLM variant
+    when `mlm_head`. Load failures become one-line `ConfigError`s."""
+    path = check_model_source(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=model_kwargs.get("revision"))
         model_cls = AutoModelForMaskedLM if mlm_head else AutoModel

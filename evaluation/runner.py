@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from common.errors import ConfigError
 from common.io import atomic_write, atomic_write_json
 from common.seed import seed_everything
+from common.validation import check_evaluate_config, discard_hydra_run_dir, nothing_left_on_user_error
 from data.readers import read_sentences
 from data.root import resolve_data_root
 from data.tasks import REGISTRY_FILE, get_tasks, load_registry
@@ -136,6 +137,14 @@ def encode(cfg: DictConfig) -> np.ndarray:
 
 
 def run(cfg: DictConfig):
-    if cfg.mode not in MODES:
-        raise ConfigError(f"unknown mode {cfg.mode!r}; valid: {', '.join(MODES)}")
-    return score(cfg) if cfg.mode == "score" else encode(cfg)
+    """Hydra's run folder is `output_dir`: a failed run leaves none behind (nor does encode mode, whose output is a
+    file of its own)."""
+    with nothing_left_on_user_error():
+        if cfg.mode not in MODES:
+            raise ConfigError(f"unknown mode {cfg.mode!r}; valid: {', '.join(MODES)}")
+        check_evaluate_config(cfg)
+        if cfg.mode == "score":
+            return score(cfg)
+        embeddings = encode(cfg)
+    discard_hydra_run_dir()
+    return embeddings

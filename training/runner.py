@@ -17,6 +17,7 @@ from pytorch_lightning.loggers import WandbLogger
 from callbacks.sts_evaluation import STSEvaluationCallback
 from callbacks.wandb_run import WandbRunCallback
 from common.errors import ConfigError, UserError
+from common.validation import check_train_config
 from data.root import resolve_data_root
 from exporting.runner import check_out, export_checkpoint
 from lightning_modules.checkpoint import read_checkpoint
@@ -167,6 +168,7 @@ def best_dev_score(trainer: pl.Trainer) -> float | None:
 
 
 def train(cfg: DictConfig) -> pl.Trainer:
+    check_train_config(cfg)  # types, ranges, devices, paths, weights, data columns: before any model or data loads
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
     # a missing, damaged or foreign checkpoint: one line now, not a traceback from Lightning
     resume = read_checkpoint(cfg.ckpt_path, argument="ckpt_path") if cfg.ckpt_path else None
