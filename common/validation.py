@@ -394,12 +394,19 @@ def hydra_run_dir() -> Path | None:
 
 
 def discard_hydra_run_dir() -> None:
-    """Remove this run's Hydra folder if it holds nothing but Hydra's own files (.hydra/ and the job log)."""
+    """Remove this run's Hydra folder if it holds nothing but Hydra's own files (.hydra/ and the job log), and the
+    folders above it inside the current directory that this leaves empty (`logs/evaluate/` of a default path)."""
     run_dir = hydra_run_dir()
     if run_dir is None or not run_dir.is_dir():
         return
-    if all(entry.name in HYDRA_OWN_FILES or entry.suffix == ".log" for entry in run_dir.iterdir()):
-        shutil.rmtree(run_dir, ignore_errors=True)
+    if not all(entry.name in HYDRA_OWN_FILES or entry.suffix == ".log" for entry in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    parent = run_dir.resolve().parent
+    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
 
 
 @contextlib.contextmanager
