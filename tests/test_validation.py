@@ -64,7 +64,6 @@ def train_overrides(tiny_bert, out, *extra):
 
 
 @pytest.mark.parametrize("override, pattern", [
-    ("data.batch_size=0", r"^error: data\.batch_size=0 is out of range: batch_size must be an integer >= 1$"),
     ("data.batch_size=abc", r"^error: data\.batch_size='abc' is not valid: batch_size must be an integer >= 1$"),
     ("module.temperature=0", r"^error: module\.temperature=0 is out of range: temperature must be a number > 0$"),
     ("trainer.precision=bf16-mixd", r"^error: trainer\.precision='bf16-mixd' is not valid: precision must be null or "
