@@ -275,10 +275,10 @@ def check_targets(node: Any, prefix: str = "") -> None:
             check_targets(value, f"{prefix}{name}.")
 
 
-def check_settings(container: dict, settings: type, skip: tuple[str, ...] = ()) -> None:
+def check_settings(container: dict, settings: type) -> None:
     hints = typing.get_type_hints(settings)
     for field in dataclasses.fields(settings):
-        if field.name in container and field.name not in skip:
+        if field.name in container:
             check_value(field.name, container[field.name], hints[field.name])
 
 
