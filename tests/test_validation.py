@@ -134,11 +134,14 @@ def test_evaluate_truncated_weights_and_unwritable_output(truncated_bert, tiny_b
     assert_one_line_error(proc, r"^error: output_dir='.*a_file/out' cannot be created", tmp_path / "logs")
 
 
-def test_evaluate_keeps_hydra_files_in_the_run_folder_not_the_cwd(tiny_bert, real_data_root, tmp_path):
+def test_evaluate_keeps_hydra_files_in_the_run_folder_not_the_cwd(tiny_bert, mini_data, tmp_path):
     """A scoring run's Hydra files go inside output_dir; an encode run (its output is a file) leaves no folder."""
+    root, registry = mini_data
+    tmp_path = tmp_path / "cwd"
+    tmp_path.mkdir()
     out = tmp_path / "out"
-    proc = run("evaluate.py", f"model.name_or_path={tiny_bert}", f"output_dir={out}", "tasks=[STS13]",
-               "progress=false", cwd=tmp_path, data_root=real_data_root)
+    proc = run("evaluate.py", f"model.name_or_path={tiny_bert}", f"output_dir={out}", "tasks=[MINI-B]",
+               f"task_registry={registry}", "progress=false", cwd=tmp_path, data_root=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {".hydra", "evaluate.log", "results.json"} <= {p.name for p in out.iterdir()}
     (tmp_path / "in.txt").write_text("a man is playing a guitar .\n")
