@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from common.cli import quote_free_text_overrides
 from common.errors import exit_on_user_error
+from common.validation import check_run_dir_before_hydra
 from evaluation.runner import run
 
 
@@ -22,4 +23,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv = quote_free_text_overrides(sys.argv)
+    exit_on_user_error(check_run_dir_before_hydra)("evaluate", sys.argv[1:])
     main()

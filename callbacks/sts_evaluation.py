@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytorch_lightning as pl
-import torch
 
 from common.errors import DivergenceError
 from common.io import atomic_write_json
@@ -34,6 +33,7 @@ from evaluation.plots import plot_curve
 from evaluation.report import attach_scoring_details, scoring_provenance, write_report
 from evaluation.sts import check_scoring, evaluate_sts
 from evaluation.wandb_tables import log_sts_tables
+from lightning_modules.checkpoint import load_memory_mapped
 from poolers import build_poolers
 from poolers.base import Pooler
 from postprocessing import build_posts
@@ -224,9 +224,20 @@ class STSEvaluationCallback(pl.Callback):
         if not self.score_best_at_end or trainer.interrupted or not trainer.is_global_zero:
             return
         checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
-        if checkpoint:
-            state = torch.load(checkpoint, map_location=module.device, weights_only=False)["state_dict"]
-            module.load_state_dict(state)
+        if not checkpoint:
+            self._score_final(trainer, module, checkpoint)
+            return
+        # the live weights (the final step's) are put back after scoring: whoever holds the module after fit (the
+        # caller of train(), an export, a notebook) gets the model that was trained, not silently the best one
+        live = {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+        module.load_state_dict(load_memory_mapped(Path(checkpoint))["state_dict"])  # weights_only=True
+        try:
+            self._score_final(trainer, module, checkpoint)
+        finally:
+            module.load_state_dict(live)
+
+    def _score_final(self, trainer, module, checkpoint: str) -> None:
+        """The 7-task table of the weights `module` holds now (those of `checkpoint`, when one was selected)."""
         started = time.perf_counter()
         result, encoder, poolers = self.score(module, self.final_tasks, self.extra_poolers, final=True)
         provenance = attach_scoring_details(

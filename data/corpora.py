@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
 from common.errors import DataError
+from data.readers import read_utf8_text
 from data.tasks import load_registry
 
 NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
@@ -28,29 +30,47 @@ def held_out_sentences(root: Path, tasks: Iterable[str] = HELD_OUT_TASKS) -> set
     return held
 
 
-def read_text_lines(paths: Iterable[Path], encoding_errors: str = "replace") -> list[str]:
-    """Non-blank lines of every file, stripped; a missing file or an empty corpus is an error."""
+def read_text_lines(paths: Iterable[Path]) -> list[str]:
+    """Non-blank lines of every file, stripped; a missing file, an invalid UTF-8 byte (named as file:line) or an
+    empty corpus is an error."""
     sentences: list[str] = []
     for path in paths:
         if not path.is_file():
             raise DataError(f"corpus file {path} does not exist; check data.files and data_root")
-        with path.open(encoding="utf-8", errors=encoding_errors) as handle:
-            sentences += [line.strip() for line in handle if line.strip()]
+        # newline=None: lines end at \n, \r\n or \r, as when the file is opened in text mode
+        sentences += [line.strip() for line in io.StringIO(read_utf8_text(path), newline=None) if line.strip()]
     if not sentences:
         raise DataError(f"empty corpus: no non-blank line in {', '.join(str(p) for p in paths)}")
     return sentences
+
+
+def _check_nli_columns(path: Path, header: list[str] | None) -> None:
+    missing = [c for c in NLI_COLUMNS if c not in (header or [])]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {', '.join(missing)}; expected a header "
+                        f"{','.join(NLI_COLUMNS)} (found {','.join(header or []) or 'no header'})")
+
+
+def check_nli_header(path: Path) -> None:
+    """The columns of an NLI csv from its header line alone (before any model is loaded)."""
+    if not path.is_file():
+        raise DataError(f"NLI file {path} does not exist; check data.file and data_root")
+    with path.open("rb") as handle:
+        first = handle.readline()
+    try:
+        header = next(csv.reader([first.decode("utf-8")]), None)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}:1: not valid UTF-8 ({err.reason}); re-save the file as UTF-8") from None
+    _check_nli_columns(path, header)
 
 
 def read_nli_csv(path: Path) -> list[tuple[str, str, str]]:
     """SimCSE's NLI format: header `sent0,sent1,hard_neg`, one triplet per row."""
     if not path.is_file():
         raise DataError(f"NLI file {path} does not exist; check data.file and data_root")
-    with path.open(encoding="utf-8", newline="") as handle:
+    with io.StringIO(read_utf8_text(path), newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in NLI_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise DataError(f"{path}: missing column(s) {', '.join(missing)}; expected a header "
-                            f"{','.join(NLI_COLUMNS)} (found {','.join(reader.fieldnames or []) or 'no header'})")
+        _check_nli_columns(path, reader.fieldnames)
         triplets = []
         for lineno, row in enumerate(reader, start=2):
             values = tuple((row[c] or "").strip() for c in NLI_COLUMNS)
@@ -70,7 +90,7 @@ def sick_triplets(path: Path) -> list[tuple[str, str, str]]:
     sorted order, so the result is deterministic. Pairs with no contradiction partner are skipped.
     """
     entails, contradicts = defaultdict(set), defaultdict(set)
-    with path.open(encoding="utf-8") as handle:
+    with io.StringIO(read_utf8_text(path), newline=None) as handle:
         header = handle.readline().rstrip("\n").split("\t")
         if header[:5] != ["pair_ID", "sentence_A", "sentence_B", "relatedness_score", "entailment_judgment"]:
             raise DataError(f"{path}:1: not a SICK file (header {header[:5]})")

@@ -66,9 +66,11 @@ class _StringDataModule(pl.LightningDataModule):
         return self.batch_size // world
 
     def resolve(self, name: str) -> Path:
-        """A corpus path: absolute, relative to the data root, or (when `download` names a source) fetched."""
-        path = Path(name)
-        if path.is_absolute() or path.exists():
+        """A corpus path. One rule: an absolute path is used as given; a relative path is relative to the data root,
+        never to the current directory (a same-named file there must not silently replace the configured corpus);
+        when `download` names a source, the relative name is that source's file, fetched (cached)."""
+        path = Path(name).expanduser()
+        if path.is_absolute():
             return path
         if self.download:
             source = load_source(self.download)

@@ -42,11 +42,20 @@ class SentencePairs:
         return np.asarray(self.gold, dtype=np.float64)
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_utf8_text(path: Path) -> str:
+    """The whole file decoded as strict UTF-8; an invalid byte is a `DataError` naming file:line (never replaced)."""
+    raw = path.read_bytes()
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - raw.rfind(b"\n", 0, err.start)
+        raise DataError(f"{path}:{line}: not valid UTF-8 ({err.reason}: byte 0x{raw[err.start]:02x} at byte "
+                        f"{column} of the line); re-save the file as UTF-8") from None
+
+
+def _read_lines(path: Path) -> list[str]:
+    return read_utf8_text(path).splitlines()
 
 
 def _normalise(text: str, path: Path, lineno: int) -> str:

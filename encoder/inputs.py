@@ -37,6 +37,7 @@ class TokenizedInput:
     input_ids: list[int]
     roles: list[int]
     sentence_length: int
+    truncated: bool = False  # the sentence had more than max_sentence_tokens tokens and was cut
 
 
 class InputBuilder:
@@ -85,17 +86,20 @@ class InputBuilder:
         for index, sentence in enumerate(sentences):
             if not sentence.strip():
                 raise UserError(f"sentence {index} is empty; remove empty lines from the input")
-        sentence_ids = self.tokenizer(sentences, add_special_tokens=False)["input_ids"]
+        # verbose=False: transformers would warn that the untruncated ids exceed the model's length, but only the
+        # sentence is cut below (never the template), and the cuts are counted (`truncated`) and reported per task
+        sentence_ids = self.tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]
         cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
         prefix_roles, suffix_roles = [TEMPLATE] * len(self.prefix_ids), [TEMPLATE] * len(self.suffix_ids)
         built = []
-        for ids in sentence_ids:
-            ids = ids[: self.max_sentence_tokens]
+        for full in sentence_ids:
+            ids = full[: self.max_sentence_tokens]
             built.append(
                 TokenizedInput(
                     input_ids=[cls, *self.prefix_ids, *ids, *self.suffix_ids, sep],
                     roles=[SPECIAL, *prefix_roles, *([SENTENCE] * len(ids)), *suffix_roles, SPECIAL],
                     sentence_length=len(ids),
+                    truncated=len(full) > len(ids),
                 )
             )
         return built

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
@@ -45,12 +46,28 @@ def resolve_model_path(name_or_path: str) -> str:
     raise ConfigError(f"model {name_or_path!r}: package {module_name!r} has no get_model_path() or MODEL_DIR")
 
 
-def load_pretrained(name_or_path: str, *, mlm_head: bool = False, **model_kwargs):
-    """(tokenizer, model, loading info) of a hub name, local directory or `package:MODULE`; the *ForMaskedLM variant
-    when `mlm_head`. Load failures become one-line `ConfigError`s."""
+def check_model_source(name_or_path: str) -> str:
+    """The resolved path of a hub name, local directory or `package:MODULE`, checked without loading the model: a
+    local directory must exist and each of its safetensors files must be complete (only the header is read)."""
     path = resolve_model_path(name_or_path)
     if not Path(path).exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
         raise ConfigError(f"model directory {path} does not exist; pass a local directory or a hub name")
+    if Path(path).is_dir():
+        for weights in sorted(Path(path).glob("*.safetensors")):
+            try:
+                with safe_open(weights, framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as err:
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ConfigError(f"model weights {weights} are truncated or corrupt ({reason}); download or save "
+                                  "the model again") from None
+    return path
+
+
+def load_pretrained(name_or_path: str, *, mlm_head: bool = False, **model_kwargs):
+    """(tokenizer, model, loading info) of a hub name, local directory or `package:MODULE`; the *ForMaskedLM variant
+    when `mlm_head`. Load failures become one-line `ConfigError`s."""
+    path = check_model_source(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=model_kwargs.get("revision"))
         model_cls = AutoModelForMaskedLM if mlm_head else AutoModel
@@ -132,6 +149,14 @@ class EncodeStats:
     forward_sequences: int = 0
 
 
+@dataclass(frozen=True)
+class Truncation:
+    """Which sentences of one `embed` call's input form were cut to `max_sentence_tokens` (in input order)."""
+
+    max_sentence_tokens: int
+    truncated: np.ndarray  # bool [N]
+
+
 class Encoder:
     """A tokenizer + transformer pair that embeds sentences for any set of poolers.
 
@@ -206,6 +231,8 @@ class Encoder:
         self.attentions = attentions
         self.progress = progress
         self.stats = EncodeStats()
+        #: per input form ("plain" / "templated") of the last `embed` call: which sentences were truncated
+        self.truncation: dict[str, Truncation] = {}
         self.tokenizer = tokenizer
         self.transformer = transformer
         self.mlm_head = mlm_head
@@ -283,6 +310,7 @@ class Encoder:
             templated = pooler.needs.templated or pooler.needs.template_bias
             by_form[InputForm(template if templated else None, sentence_rule, max_sentence_tokens)].append(pooler)
         embeddings: dict[str, np.ndarray] = {}
+        self.truncation = {}
         for form, form_poolers in by_form.items():
             embeddings.update(self.encode_form(sentences, form_poolers, form))
         return {pooler.name: embeddings[pooler.name] for pooler in poolers}
@@ -296,10 +324,11 @@ class Encoder:
         """One input form: tokenize all, sort by length, one forward per batch, every pooler on every batch."""
         builder = self.input_builder(form)
         items = builder.build(list(sentences))
+        label = "templated" if form.template else "plain"
+        self.truncation[label] = Truncation(builder.max_sentence_tokens, np.array([i.truncated for i in items], bool))
         order = np.argsort([-len(item.input_ids) for item in items], kind="stable")
         needs = combine_needs(poolers, self.num_layers)
         chunks: dict[str, list[torch.Tensor]] = {pooler.name: [] for pooler in poolers}
-        label = "templated" if form.template else "plain"
         starts = range(0, len(items), self.batch_size)
         for start in tqdm(starts, desc=f"encode ({label})", unit="batch", disable=not self.progress, leave=False):
             batch = collate([items[i] for i in order[start : start + self.batch_size]],

@@ -14,8 +14,9 @@ SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"
 
 #: Sentence rules, applied to the raw sentence before it fills a template (recorded with every score).
-#: `append_period`: add "." unless the sentence ends in . ? " ' (PromptBERT's evaluation does this).
-#: `promptbert`: the reference evaluation exactly: append_period, then `"` -> `'`, then a final `?` -> `.`.
+#: `append_period`: add "." unless the sentence ends in . ? " ' (nothing else is changed).
+#: `promptbert`: the official PromptBERT evaluation's rule (kongds/Prompt-BERT evaluation.py), which is exactly
+#: `append_period`; the name records where the rule comes from.
 SENTENCE_RULES = ("none", "append_period", "promptbert")
 
 
@@ -26,10 +27,6 @@ def apply_sentence_rule(sentence: str, rule: str) -> str:
         raise ConfigError(f"unknown sentence_rule {rule!r}; valid: {', '.join(SENTENCE_RULES)}")
     if sentence and sentence[-1] not in ".?\"'":
         sentence += "."
-    if rule == "promptbert":
-        sentence = sentence.replace('"', "'")
-        if sentence.endswith("?"):
-            sentence = sentence[:-1] + "."
     return sentence
 
 

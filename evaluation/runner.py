@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from common.errors import ConfigError
 from common.io import atomic_write, atomic_write_json
 from common.seed import seed_everything
+from common.validation import check_evaluate_config, discard_hydra_run_dir, nothing_left_on_user_error
 from data.readers import read_sentences
 from data.root import resolve_data_root
 from data.tasks import REGISTRY_FILE, get_tasks, load_registry
@@ -30,6 +32,7 @@ from poolers import build_pooler, build_poolers
 from poolers.fitted import CorpusFittedPooler
 from postprocessing import build_posts
 
+log = logging.getLogger(__name__)
 MODES = ("score", "encode")
 
 
@@ -113,6 +116,11 @@ def encode(cfg: DictConfig) -> np.ndarray:
         pooler.fit(label, fit_sentences, encoder.tokenizer)
     embeddings = encoder.embed(sentences, [pooler], template, cfg.sentence_rule, cfg.max_sentence_tokens)[pooler.name]
     embeddings = embeddings.astype(np.float32)
+    (label, cut), = encoder.truncation.items()
+    truncated = int(cut.truncated.sum())
+    if truncated:
+        log.warning("%s: %s of %s sentences longer than %d tokens were truncated (%s input)", cfg.input,
+                    f"{truncated:,}", f"{len(sentences):,}", cut.max_sentence_tokens, label)
     output = Path(cfg.output)
 
     def save(tmp: Path) -> None:
@@ -122,12 +130,21 @@ def encode(cfg: DictConfig) -> np.ndarray:
     atomic_write(output, save)
     atomic_write_json(output.with_suffix(output.suffix + ".json"),
                       {"input": str(cfg.input), "rows": len(sentences),
+                       "truncated": {"sentences": truncated, "max_tokens": cut.max_sentence_tokens},
                        "provenance": provenance(cfg, encoder, template, [pooler], int(cfg.seed))})
     print(f"wrote {output}: {embeddings.shape[0]} x {embeddings.shape[1]} float32 ({pooler.name} pooling)")
     return embeddings
 
 
 def run(cfg: DictConfig):
-    if cfg.mode not in MODES:
-        raise ConfigError(f"unknown mode {cfg.mode!r}; valid: {', '.join(MODES)}")
-    return score(cfg) if cfg.mode == "score" else encode(cfg)
+    """Hydra's run folder is `output_dir`: a failed run leaves none behind (nor does encode mode, whose output is a
+    file of its own)."""
+    with nothing_left_on_user_error():
+        if cfg.mode not in MODES:
+            raise ConfigError(f"unknown mode {cfg.mode!r}; valid: {', '.join(MODES)}")
+        check_evaluate_config(cfg)
+        if cfg.mode == "score":
+            return score(cfg)
+        embeddings = encode(cfg)
+    discard_hydra_run_dir()
+    return embeddings

@@ -7,6 +7,7 @@ scipy's (ties get average ranks). No regressor is trained: STS-B and SICK-R use 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +17,17 @@ from scipy.stats import spearmanr
 
 from data.readers import SentencePairs
 from data.tasks import TaskSpec
-from encoder.model import Encoder
+from encoder.model import Encoder, Truncation
 from encoder.template import Template
 from evaluation.corpora import TARGET, Corpora
 from evaluation.fitting import load_fit_corpora, plan_poolers
 from evaluation.variants import PooledEmbeddings, score_variants, task_rows
 from poolers.base import Pooler
 from postprocessing.base import PostProcessor
+
+log = logging.getLogger(__name__)
+#: truncation counts already reported in this process (the training callback scores STS-B dev again and again)
+_REPORTED_TRUNCATION: set[tuple] = set()
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -82,6 +87,24 @@ def score_task(task: IndexedTask, embeddings: np.ndarray) -> dict:
     return result
 
 
+def report_truncation(loaded: Sequence[IndexedTask], truncation: dict[str, Truncation]) -> dict[str, dict]:
+    """Per task and input form: how many of the task's unique sentences were cut to the token limit. Each non-zero
+    count is logged once per process, e.g. `STS12: 312 of 8,000 sentences longer than 128 tokens were truncated`."""
+    counts: dict[str, dict] = {}
+    for task in loaded:
+        rows, name = task_rows(task), task.spec.name
+        counts[name] = {}
+        for label, cut in truncation.items():
+            count = int(cut.truncated[rows].sum())
+            counts[name][label] = {"truncated": count, "sentences": len(rows), "max_tokens": cut.max_sentence_tokens}
+            key = (name, label, cut.max_sentence_tokens, count)
+            if count and key not in _REPORTED_TRUNCATION:
+                _REPORTED_TRUNCATION.add(key)
+                log.warning("%s: %s of %s sentences longer than %d tokens were truncated (%s input)", name,
+                            f"{count:,}", f"{len(rows):,}", cut.max_sentence_tokens, label)
+    return counts
+
+
 def check_scoring(encoder: Encoder, poolers: Sequence[Pooler], template: Template | None, has_posts: bool,
                   fit_corpus: str, corpora: Corpora) -> None:
     """Everything that can be wrong with a scoring request short of the STS data itself: poolers the model or
@@ -121,6 +144,7 @@ def evaluate_sts(
                          corpora, encoder.tokenizer)
     instances = [instance for plan in plans for instance in plan.instances]
     embeddings = encoder.embed(index.sentences, instances, template, sentence_rule, max_sentence_tokens)
+    truncated = report_truncation(loaded, encoder.truncation)
     pooled = [
         PooledEmbeddings(plan.label, shared=None if plan.per_task else embeddings[plan.pooler.name],
                          per_task={task: embeddings[p.name] for task, p in plan.per_task.items()})
@@ -135,6 +159,7 @@ def evaluate_sts(
             "pairs": len(task.pairs),
             "main_score": task.spec.main_score,
             "files": task.spec.files(),
+            "truncated": truncated[task.spec.name],
         }
         for task in loaded
     }

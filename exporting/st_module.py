@@ -36,12 +36,8 @@ except ImportError:  # sentence-transformers 5.x
 def apply_sentence_rule(sentence: str, rule: str) -> str:
     if rule == "none":
         return sentence
-    if sentence and sentence[-1] not in ".?\"'":
+    if sentence and sentence[-1] not in ".?\"'":  # append_period and promptbert (the same rule)
         sentence += "."
-    if rule == "promptbert":
-        sentence = sentence.replace('"', "'")
-        if sentence.endswith("?"):
-            sentence = sentence[:-1] + "."
     return sentence
 
 

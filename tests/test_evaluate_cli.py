@@ -61,7 +61,9 @@ def test_score_writes_results_with_provenance(mini_data, tiny_bert, tmp_path):
     assert "| mask |" in table and "MINI-B" in table
     assert "| pooler | MINI12 | MINI-B | MINI-SICK | avg |" in proc.stdout
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "results.png"]
+    # Hydra's own files live in the run folder too (never in the current directory)
+    assert sorted(p.name for p in out.iterdir()) == [".hydra", "evaluate.log", "results.json", "results.md",
+                                                     "results.png"]
 
 
 def encode_file(tiny_bert, tmp_path, pooler, sentences):

@@ -1,5 +1,6 @@
 """SentEval 'all' protocol: blank gold lines dropped, subsets concatenated, Spearman with averaged ties, checksums."""
 
+import logging
 import math
 
 import numpy as np
@@ -99,6 +100,27 @@ def test_score_equals_hand_computation_over_concatenation(mini_data, tiny_bert):
     assert set(result["details"]["mean"]["MINI12"]["subsets"]) == {"alpha", "beta"}
 
 
+def test_truncated_sentences_are_counted_and_reported_once_per_task(mini_data, tiny_bert, caplog):
+    root, registry = mini_data
+    tasks = get_tasks(["MINI12", "MINI-B"], load_registry(registry))
+    encoder = Encoder(str(tiny_bert), progress=False)
+    limit = 5
+    caplog.set_level(logging.WARNING, logger="evaluation.sts")
+    result = evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), max_sentence_tokens=limit)
+    for spec in tasks:
+        pairs = spec.load(root)
+        unique = set(pairs.sentences1 + pairs.sentences2)
+        longer = sum(len(encoder.tokenizer(s, add_special_tokens=False)["input_ids"]) > limit for s in unique)
+        assert 0 < longer < len(unique)
+        assert result["tasks"][spec.name]["truncated"] == {
+            "plain": {"truncated": longer, "sentences": len(unique), "max_tokens": limit}}
+        message = f"{spec.name}: {longer} of {len(unique)} sentences longer than {limit} tokens were truncated"
+        assert sum(message in record.getMessage() for record in caplog.records) == 1
+    caplog.clear()
+    evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), max_sentence_tokens=limit)
+    assert not [record for record in caplog.records if "truncated" in record.getMessage()]  # once per task
+
+
 def test_sentence_index_deduplicates():
     index = SentenceIndex()
     assert index.add(["a", "b", "a"]).tolist() == [0, 1, 0]
@@ -130,6 +152,15 @@ def test_malformed_sts_input(tmp_path, content, message):
     inputs.write_text(content)
     gold.write_text("1.0\n" * content.count("\n"))
     with pytest.raises(DataError, match=message):
+        read_sts_subset(inputs, gold, "alpha")
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    inputs, gold = tmp_path / "STS.input.alpha.txt", tmp_path / "STS.gs.alpha.txt"
+    inputs.write_bytes(b"a\tb\nc\td\nthe caf\xe9\tx\n")
+    gold.write_text("1.0\n2.0\n3.0\n")
+    with pytest.raises(DataError, match=r"STS\.input\.alpha\.txt:3: not valid UTF-8 \(invalid continuation byte: "
+                                        r"byte 0xe9 at byte 8 of the line\)"):
         read_sts_subset(inputs, gold, "alpha")
 
 

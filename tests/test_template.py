@@ -49,6 +49,16 @@ def test_only_the_sentence_is_truncated(tokenizer):
     assert tight.input_ids[-5:] == [*ids(tokenizer, '" means [MASK] .'), tokenizer.sep_token_id]
 
 
+def test_truncation_is_flagged_and_transformers_does_not_warn(tokenizer, capfd):
+    tokenizer.deprecation_warnings.clear()  # transformers warns once per tokenizer
+    long_sentence = " ".join(["word"] * 600)  # longer than the tokenizer's 512-token model_max_length
+    items = InputBuilder(tokenizer, InputForm(Template(PROMPT), max_sentence_tokens=3), max_length=512).build(
+        ["one two three", "one two three four", long_sentence])
+    assert [item.truncated for item in items] == [False, True, True]
+    assert [item.sentence_length for item in items] == [3, 3, 3]
+    assert "Token indices sequence length is longer" not in capfd.readouterr().err
+
+
 def test_plain_form_is_cls_sentence_sep(tokenizer):
     item = InputBuilder(tokenizer, InputForm(), max_length=512).build(["hello world"])[0]
     assert item.input_ids == tokenizer(["hello world"])["input_ids"][0]
@@ -83,8 +93,12 @@ def test_literal_mask_text_in_sentence_is_not_a_mask_position(tokenizer):
      ("append_period", "a cat", "a cat."),
      ("append_period", "a cat?", "a cat?"),
      ("append_period", 'he said "hi"', 'he said "hi"'),
-     ("promptbert", 'he said "hi', "he said 'hi."),
-     ("promptbert", "is it?", "is it.")],
+     # the official PromptBERT evaluation only appends "." (no `"` -> `'`, no final `?` -> `.`)
+     ("promptbert", 'he said "hi', 'he said "hi.'),
+     ("promptbert", 'he said "hi"', 'he said "hi"'),
+     ("promptbert", "it's 'ok'", "it's 'ok'"),
+     ("promptbert", "is it?", "is it?"),
+     ("promptbert", "a cat", "a cat.")],
 )
 def test_sentence_rules(rule, sentence, expected):
     assert apply_sentence_rule(sentence, rule) == expected
@@ -105,3 +119,11 @@ def test_template_needs_exactly_one_sentence_slot(text):
 def test_mask_required_error():
     with pytest.raises(ConfigError, match=r"needs a \[MASK\]"):
         Template('This sentence : "[X]" .').require_mask("pooler 'mask'")
+
+
+def test_exported_module_applies_the_same_sentence_rules():
+    from exporting.st_module import apply_sentence_rule as exported_rule
+
+    sentences = ["a cat", "is it?", 'he said "hi"', 'he said "hi', "it's 'ok'", "end.", ""]
+    for rule in ("none", "append_period", "promptbert"):
+        assert [exported_rule(s, rule) for s in sentences] == [apply_sentence_rule(s, rule) for s in sentences]

@@ -76,6 +76,9 @@ def test_published_recipes_keep_their_hyperparameters():
     assert unsup.module.model_name_or_path == "bert-base-uncased" and unsup.module.temperature == 0.05
     assert (sup.module.lr, sup.data.batch_size, sup.trainer.max_epochs) == (5e-5, 512, 3)
     assert (opti.module.lr, opti.data.batch_size, opti.trainer.max_epochs) == (3e-5, 256, 5)
+    # the official recipes train with Hugging Face Trainer, whose default clips the gradient norm at 1.0
+    assert [cfg.trainer.gradient_clip_val for cfg in (unsup, sup, opti)] == [1.0, 1.0, 1.0]
+    assert {cfg.trainer.get("gradient_clip_algorithm", "norm") for cfg in (unsup, sup, opti)} == {"norm"}
 
 
 def test_resume_continues_from_the_saved_step(tiny_bert, real_data_root, tmp_path, nli_csv):
@@ -218,6 +221,20 @@ def test_nli_file_with_missing_columns(tmp_path):
         read_nli_csv(path)
 
 
+def test_invalid_utf8_in_a_training_corpus_names_file_and_line(tmp_path):
+    """Never silently replaced by U+FFFD: the corpus would train on text that is not in the file."""
+    lines = tmp_path / "corpus.txt"
+    lines.write_bytes(b"first line\r\nsecond\n\xff bad\n")
+    with pytest.raises(DataError, match=r"corpus\.txt:3: not valid UTF-8 \(invalid start byte: byte 0xff at byte 1"):
+        read_text_lines([lines])
+    lines.write_bytes(b"first line\r\nsecond\rthird\n\n")
+    assert read_text_lines([lines]) == ["first line", "second", "third"]
+    nli = tmp_path / "nli.csv"
+    nli.write_bytes(b"sent0,sent1,hard_neg\na,b,c\nd,\xc3(,f\n")
+    with pytest.raises(DataError, match=r"nli\.csv:3: not valid UTF-8"):
+        read_nli_csv(nli)
+
+
 def test_empty_corpus(tmp_path):
     path = tmp_path / "empty.txt"
     path.write_text("\n  \n")
@@ -303,3 +320,57 @@ def test_callback_checks_fit_end_poolers_and_corpora_before_training(overrides, 
         train(cfg)
     assert not (out / "curve.json").exists()
     assert not list(out.rglob("*.ckpt"))
+
+
+def test_relative_corpus_path_is_relative_to_the_data_root_not_the_cwd(tmp_path, monkeypatch):
+    """A same-named file in the current directory must not silently replace the configured corpus."""
+    root, elsewhere = tmp_path / "root", tmp_path / "cwd"
+    for directory, text in ((root, "from the data root\n"), (elsewhere, "from the current directory\n")):
+        (directory / "training").mkdir(parents=True)
+        (directory / "training" / "corpus.txt").write_text(text)
+    monkeypatch.chdir(elsewhere)
+    module = TextLinesDataModule(files=["training/corpus.txt"], batch_size=1, data_root=str(root), held_out_tasks=[])
+    assert module.load() == ["from the data root"]
+    absolute = TextLinesDataModule(files=[str(elsewhere / "training/corpus.txt")], batch_size=1, data_root=str(root))
+    assert absolute.load() == ["from the current directory"]
+
+
+def test_fit_end_scores_the_best_checkpoint_safely_and_restores_the_live_weights(tiny_bert, real_data_root,
+                                                                                  tmp_path, monkeypatch):
+    """The best checkpoint is read with torch.load(weights_only=True), scored, and the module the caller holds
+    keeps the weights it was trained to."""
+    from types import SimpleNamespace
+
+    from callbacks.sts_evaluation import STSEvaluationCallback
+
+    module = PromptBERTUnsup(str(tiny_bert))
+    live = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    best = {name: tensor + 0.01 if tensor.is_floating_point() else tensor for name, tensor in live.items()}
+    path = tmp_path / "best.ckpt"
+    torch.save({"state_dict": best}, path)
+    callback = STSEvaluationCallback(output_dir=str(tmp_path / "out"), data_root=str(real_data_root),
+                                     final_tasks=["STSBenchmark"], provenance={"seed": 1})
+    scored, real_score = {}, callback.score
+
+    def spy(scored_module, *args, **kwargs):
+        scored.update({name: tensor.clone() for name, tensor in scored_module.state_dict().items()})
+        return real_score(scored_module, *args, **kwargs)
+
+    loads, real_load = [], torch.load
+
+    def recording_load(*args, **kwargs):
+        loads.append(kwargs.get("weights_only"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(callback, "score", spy)
+    monkeypatch.setattr(torch, "load", recording_load)
+    trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(best_model_path=str(path),
+                                                                  best_model_score=torch.tensor(50.0)),
+                              interrupted=False, is_global_zero=True, loggers=[], global_step=2)
+    callback.on_fit_end(trainer, module)
+    assert loads and all(flag is True for flag in loads)
+    for name, tensor in module.state_dict().items():
+        torch.testing.assert_close(scored[name], best[name])
+        torch.testing.assert_close(tensor, live[name])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["provenance"]["model"]["checkpoint"] == str(path)

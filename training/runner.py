@@ -18,6 +18,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from callbacks.sts_evaluation import STSEvaluationCallback
 from callbacks.wandb_run import WandbRunCallback
 from common.errors import ConfigError, PreemptedError, UserError
+from common.validation import check_train_config
 from data.root import resolve_data_root
 from exporting.runner import check_out, export_checkpoint
 from lightning_modules.checkpoint import read_checkpoint
@@ -172,6 +173,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def train(cfg: DictConfig) -> pl.Trainer:
+    check_train_config(cfg)  # types, ranges, devices, paths, weights, data columns: before any model or data loads
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
     checkpoint = resume_checkpoint(cfg.ckpt_path, bool(cfg.get("resume", False)),
                                    Path(cfg.paths.log_dir) / cfg.task_name)

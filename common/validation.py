@@ -1,0 +1,498 @@
+"""Checks of a composed train.py / evaluate.py config before any model or data is loaded.
+
+Types come from where the values go: every config node with a `_target_` is checked against the type hints of that
+class's constructor (following `**kwargs` up the class hierarchy), evaluate.py's `model` node against `Encoder`'s, the
+remaining top-level keys against the dataclasses below. Ranges and choices are declared once per parameter name
+(`RANGES`, `CHOICES`) and apply wherever that name occurs. Then what only the machine and the file system can refute:
+devices, readable inputs, writable outputs, complete model weights, the columns of a supervised data file.
+
+Every failure is one `ConfigError` / `DataError` line naming the key, the value and what is valid. A run that fails
+here leaves nothing behind: the run folder Hydra created for it (holding only Hydra's own files) is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import shutil
+import tempfile
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from omegaconf import DictConfig, OmegaConf
+
+from common.errors import ConfigError, UserError
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+# -- declared once per parameter name --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Range:
+    """low <= value (or low < value when `open_low`) and value <= high."""
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+
+    def contains(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def describe(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.open_low else '>='} {self.low}")
+        if self.high is not None:
+            parts.append(f"<= {self.high}")
+        return " and ".join(parts)
+
+
+POSITIVE, NON_NEGATIVE = Range(0, open_low=True), Range(0)
+AT_LEAST_ONE = Range(1)
+#: Valid ranges by parameter name, wherever the name occurs (module, data, trainer, callbacks, evaluate.py).
+RANGES: dict[str, Range] = {
+    "batch_size": AT_LEAST_ONE,
+    "lr": POSITIVE,
+    "temperature": POSITIVE,
+    "weight_decay": NON_NEGATIVE,
+    "warmup_ratio": Range(0, 1),
+    "max_sentence_tokens": AT_LEAST_ONE,
+    "max_length": Range(3),  # [CLS] + at least one token + [SEP]
+    "num_workers": NON_NEGATIVE,
+    "max_examples": AT_LEAST_ONE,
+    "every_n_steps": AT_LEAST_ONE,
+    "eval_every_n_steps": AT_LEAST_ONE,
+    "every_n_train_steps": AT_LEAST_ONE,
+    "max_steps": Range(-1),
+    "max_epochs": Range(-1),
+    "log_every_n_steps": AT_LEAST_ONE,
+    "gradient_clip_val": NON_NEGATIVE,
+    "accumulate_grad_batches": AT_LEAST_ONE,
+    "seed": Range(0, 2**32 - 1),
+}
+
+#: Hardware accelerators Lightning knows; `gpu`/`cuda` and `mps` are also checked against this machine.
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu", "hpu")
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """Valid values by parameter name (imported lazily: the registries import torch and transformers)."""
+    from encoder.model import DTYPES
+    from encoder.template import SENTENCE_RULES
+
+    return {"sentence_rule": SENTENCE_RULES, "dtype": tuple(DTYPES), "accelerator": ACCELERATORS}
+
+
+# -- the keys that no constructor receives -----------------------------------------------------------------------
+
+
+@dataclass
+class TrainSettings:
+    """train.py's own top-level keys (the rest are `_target_` nodes)."""
+
+    task_name: str
+    data_root: str | None
+    output_dir: str
+    seed: int
+    eval_every_n_steps: int
+    ckpt_path: str | None
+    export_dir: str | None
+
+
+@dataclass
+class EvaluateSettings:
+    """evaluate.py's top-level keys (`model` is checked against `Encoder`)."""
+
+    mode: str
+    data_root: str | None
+    output_dir: str
+    tasks: list[str]
+    task_registry: str | None
+    poolers: list[str]
+    pooler_args: dict
+    post: list[str]
+    post_args: dict
+    fit_corpus: str
+    analysis: bool
+    template: str | None
+    sentence_rule: str
+    max_sentence_tokens: int | None
+    seed: int
+    progress: bool
+    pooler: str
+    input: str | None
+    output: str | None
+
+
+# -- types -----------------------------------------------------------------------------------------------------------
+
+
+def _is_union(hint) -> bool:
+    return typing.get_origin(hint) in (Union, types.UnionType)
+
+
+def matches(value: Any, hint) -> bool:
+    """Whether a plain config value (after OmegaConf.to_container) fits a type hint. Classes a YAML value cannot be
+    (Accelerator, Strategy, timedelta, ...) are left to the constructor."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is inspect.Parameter.empty:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    if _is_union(hint):
+        return any(matches(value, arg) for arg in args)
+    if origin is typing.Annotated:
+        return matches(value, args[0])
+    if origin is Literal:
+        return any(value == arg and type(value) is type(arg) for arg in args)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint in (list, tuple) or origin in (list, tuple, Sequence):
+        if not isinstance(value, list | tuple):
+            return False
+        item = args[0] if args else Any
+        return all(matches(element, item) for element in value)
+    if hint is dict or origin in (dict, Mapping):
+        return isinstance(value, dict)
+    if hint is Path or (isinstance(hint, type) and issubclass(hint, Path)):
+        return isinstance(value, str)
+    return True
+
+
+def describe(hint) -> str:
+    """A type hint in words: `an integer`, `a number`, `one of 16-mixed, 32-true`, `null or an integer`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is None or hint is type(None):
+        return "null"
+    if _is_union(hint):
+        literals = [value for arg in args if typing.get_origin(arg) is Literal for value in typing.get_args(arg)]
+        literals = list({str(value): value for value in literals}.values())  # 16 and "16" read the same
+        words = [describe(Literal[tuple(literals)])] if literals else []
+        words += [describe(arg) for arg in args if typing.get_origin(arg) is not Literal
+                  and not (isinstance(arg, type) and not _yaml_type(arg))]
+        words = [w for w in dict.fromkeys(words) if w and not (w == "an integer" and "a number" in words)]
+        return " or ".join(sorted(words, key=lambda w: w != "null"))
+    if origin is typing.Annotated:
+        return describe(args[0])
+    if origin is Literal:
+        return "one of " + ", ".join(str(arg) for arg in args)
+    if hint in (list, tuple) or origin in (list, tuple, Sequence):
+        return f"a list of {_plural(describe(args[0]))}" if args else "a list"
+    if hint is dict or origin in (dict, Mapping):
+        return "a mapping"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, "a path"
+                                                                                             if hint is Path else "")
+
+
+def _plural(word: str) -> str:
+    return {"an integer": "integers", "a number": "numbers", "a string": "strings"}.get(word, word)
+
+
+def _yaml_type(cls: type) -> bool:
+    return cls in (bool, int, float, str, list, tuple, dict, type(None)) or issubclass(cls, Path)
+
+
+def constructor_hints(cls: type) -> tuple[dict[str, Any], bool]:
+    """(parameter -> type hint, accepts unknown keywords) of `cls(...)`, following `**kwargs` to the base classes."""
+    hints: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            resolved = typing.get_type_hints(init, include_extras=True)
+            parameters = inspect.signature(init).parameters
+        except (TypeError, ValueError, NameError):  # a C or unannotatable constructor: nothing to check against
+            return hints, True
+        for name, parameter in parameters.items():
+            if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                continue
+            hints.setdefault(name, resolved.get(name, Any))
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+            return hints, False
+    return hints, True
+
+
+def check_value(key: str, value: Any, hint=Any) -> None:
+    """One key: its type (from `hint`), then its range or choices (by the key's last name)."""
+    shown = f"{key}={value!r}"
+    name = key.rsplit(".", 1)[-1]
+    if not matches(value, hint):
+        wanted = describe(hint) or "another type"
+        if name in RANGES and RANGES[name].describe():
+            wanted += f" {RANGES[name].describe()}"
+        raise ConfigError(f"{shown} is not valid: {name} must be {wanted}")
+    if value is None:
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if name in RANGES and number and not RANGES[name].contains(value):
+        kind = "a number" if matches(0.5, hint) else "an integer"
+        raise ConfigError(f"{shown} is out of range: {name} must be {kind} {RANGES[name].describe()}")
+    choices = _choices().get(name)
+    if choices and isinstance(value, str) and value not in choices:
+        raise ConfigError(f"{shown} is not valid: {name} must be one of {', '.join(choices)}")
+
+
+def check_node(prefix: str, node: dict, hints: dict[str, Any], open_keywords: bool, owner: str) -> None:
+    for name, value in node.items():
+        if name.startswith("_") and name.endswith("_"):  # _target_, _convert_, _partial_, ...
+            continue
+        key = f"{prefix}{name}"
+        if name not in hints and not open_keywords:
+            raise ConfigError(f"{key} is not a parameter of {owner}; valid: {', '.join(sorted(hints))}")
+        check_value(key, value, hints.get(name, Any))
+
+
+def check_targets(node: Any, prefix: str = "") -> None:
+    """Every `_target_` node in the tree against its class's constructor."""
+    if isinstance(node, dict):
+        target = node.get("_target_")
+        if isinstance(target, str):
+            from hydra.utils import get_class
+
+            try:
+                cls = get_class(target)
+            except Exception:  # not importable: Hydra reports it when instantiating
+                cls = None
+            if cls is not None:
+                hints, open_keywords = constructor_hints(cls)
+                check_node(prefix, node, hints, open_keywords, cls.__name__)
+        for name, value in node.items():
+            check_targets(value, f"{prefix}{name}.")
+
+
+def check_settings(container: dict, settings: type) -> None:
+    hints = typing.get_type_hints(settings)
+    for field in dataclasses.fields(settings):
+        if field.name in container:
+            check_value(field.name, container[field.name], hints[field.name])
+
+
+def resolved(cfg: DictConfig) -> dict:
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception as err:  # an interpolation that does not resolve
+        raise ConfigError(f"the config does not resolve: {str(err).splitlines()[0]}") from None
+
+
+# -- the machine and the file system -----------------------------------------------------------------------------
+
+
+def check_accelerator(key: str, accelerator: Any, devices: Any = None) -> None:
+    """`gpu`/`cuda`/`mps` only where this machine has one; a device count no larger than what it has."""
+    import torch
+
+    if accelerator in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key}={accelerator} but this machine has no CUDA GPU (torch.cuda.is_available() is "
+                              "False); use trainer.accelerator=cpu or auto")
+        count = torch.cuda.device_count()
+        wanted = len(devices) if isinstance(devices, list) else devices
+        if isinstance(wanted, int) and wanted > count:
+            raise ConfigError(f"trainer.devices={devices} but this machine has {count} CUDA GPU(s)")
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{key}=mps but this machine has no Apple MPS device; use cpu or auto")
+
+
+def check_device(key: str, device: str) -> None:
+    """evaluate.py's `model.device`: auto, cpu, cuda, cuda:N, mps, ... and present on this machine."""
+    import torch
+
+    if device == "auto":
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"{key}={device!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key}={device} but this machine has no CUDA GPU (torch.cuda.is_available() is "
+                              "False); use model.device=cpu or auto")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ConfigError(f"{key}={device} but this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{key}=mps but this machine has no Apple MPS device; use cpu or auto")
+
+
+def check_readable_file(key: str, path: str | Path) -> Path:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{key}={str(path)!r}: {'not a file' if path.exists() else 'no such file'}")
+    try:
+        with path.open("rb") as handle:
+            handle.read(1)
+    except OSError as err:
+        raise ConfigError(f"{key}={str(path)!r} is not readable ({err.strerror})") from None
+    return path
+
+
+def check_writable_dir(key: str, path: str | Path) -> None:
+    """`path` is, or can be created as, a directory we can write to; probed with a temporary file that is removed at
+    once (permission bits say nothing for root or read-only file systems), so nothing is created."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key}={str(path)!r} is not writable: it exists and is not a directory")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={str(path)!r} cannot be created: {existing} is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{key}={str(path)!r} is not writable ({existing}: {err.strerror})") from None
+
+
+def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
+    """Hydra creates the run folder (`hydra.run.dir`, which is `output_dir`) before the task starts, and fails with
+    a traceback when it cannot: check that it can, first, with one line. Flags (-m, --cfg, ...) are left to Hydra."""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            run_dir = compose(config_name, overrides=argv, return_hydra_config=True).hydra.run.dir
+    except Exception:  # overrides that do not compose: Hydra reports them
+        return
+    check_writable_dir("output_dir", run_dir)
+
+
+# -- leaving nothing behind ------------------------------------------------------------------------------------------
+
+#: What Hydra itself writes into a run folder before the task starts.
+HYDRA_OWN_FILES = (".hydra",)
+
+
+def hydra_run_dir() -> Path | None:
+    """The folder Hydra created for this single run (None outside Hydra and in multirun: a failed trial's folder
+    keeps its reason there)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    config = HydraConfig.get()
+    if config.mode != RunMode.RUN:
+        return None
+    return Path(config.runtime.output_dir)
+
+
+def discard_hydra_run_dir() -> None:
+    """Remove this run's Hydra folder if it holds nothing but Hydra's own files (.hydra/ and the job log), and the
+    folders above it inside the current directory that this leaves empty (`logs/evaluate/` of a default path)."""
+    run_dir = hydra_run_dir()
+    if run_dir is None or not run_dir.is_dir():
+        return
+    if not all(entry.name in HYDRA_OWN_FILES or entry.suffix == ".log" for entry in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    parent = run_dir.resolve().parent
+    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+
+
+@contextlib.contextmanager
+def nothing_left_on_user_error() -> Iterator[None]:
+    """A user error raised inside removes the Hydra folder of the run if nothing but Hydra's files are in it."""
+    try:
+        yield
+    except UserError:
+        discard_hydra_run_dir()
+        raise
+
+
+# -- entry points ----------------------------------------------------------------------------------------------------
+
+
+def _check_train(cfg: DictConfig) -> None:
+    from data.root import resolve_data_root
+    from encoder.model import check_model_source
+
+    container = resolved(cfg)
+    check_settings(container, TrainSettings)
+    check_targets(container)
+    trainer = container.get("trainer") or {}
+    check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
+    module = container.get("module") or {}
+    if isinstance(module.get("model_name_or_path"), str):
+        check_model_source(module["model_name_or_path"])
+    root = resolve_data_root(container.get("data_root"))
+    check_training_data(cfg, container.get("data") or {}, root)
+    check_writable_dir("output_dir", container["output_dir"])
+    if container.get("export_dir"):
+        check_writable_dir("export_dir", Path(container["export_dir"]).parent)
+
+
+def check_training_data(cfg: DictConfig, data: dict, root: Path) -> None:
+    """Local corpus files exist (the datamodule's own path rule) and a supervised csv has its three columns; a
+    `download` source is fetched later, when the run starts."""
+    if not data.get("_target_") or data.get("download"):
+        return
+    from data.corpora import check_nli_header
+    from training.runner import build
+
+    datamodule = build(cfg.data)
+    files = data.get("files") or ([data["file"]] if data.get("file") else [])
+    for name in files:
+        path = datamodule.resolve(name)
+        key = "data.files" if "files" in data else "data.file"
+        if not path.is_file():
+            raise ConfigError(f"{key}: corpus file {path} does not exist (relative paths are relative to the data "
+                              f"root {root})")
+        if data.get("format") == "nli_csv":
+            check_nli_header(path)
+
+
+def check_train_config(cfg: DictConfig) -> None:
+    """Everything about a train.py config that can be refuted before a model or a corpus is loaded."""
+    with nothing_left_on_user_error():
+        _check_train(cfg)
+
+
+def _check_evaluate(cfg: DictConfig) -> None:
+    from encoder.model import Encoder, check_model_source
+
+    container = resolved(cfg)
+    check_settings(container, EvaluateSettings)
+    model = container.get("model") or {}
+    hints, _ = constructor_hints(Encoder)
+    check_node("model.", model, hints, False, "Encoder (evaluate.py's model)")
+    check_device("model.device", str(model.get("device", "auto")))
+    if container.get("task_registry"):
+        check_readable_file("task_registry", container["task_registry"])
+    if container.get("mode") == "encode":
+        if container.get("input"):
+            check_readable_file("input", container["input"])
+        if container.get("output"):
+            output = Path(container["output"])
+            if output.is_dir():
+                raise ConfigError(f"output={str(output)!r} is a directory; pass a file name such as emb.npy")
+            check_writable_dir("output", output.parent)
+    else:
+        check_writable_dir("output_dir", container["output_dir"])
+    if isinstance(model.get("name_or_path"), str):
+        check_model_source(model["name_or_path"])
+
+
+def check_evaluate_config(cfg: DictConfig) -> None:
+    """Everything about an evaluate.py config that can be refuted before a model or a data file is loaded."""
+    with nothing_left_on_user_error():
+        _check_evaluate(cfg)
