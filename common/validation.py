@@ -104,7 +104,10 @@ class TrainSettings:
     seed: int
     eval_every_n_steps: int
     ckpt_path: str | None
+    resume: bool
     export_dir: str | None
+    paths: dict
+    hparams_search: dict | None = None
 
 
 @dataclass
@@ -393,20 +396,27 @@ def hydra_run_dir() -> Path | None:
     return Path(config.runtime.output_dir)
 
 
-def discard_hydra_run_dir() -> None:
-    """Remove this run's Hydra folder if it holds nothing but Hydra's own files (.hydra/ and the job log), and the
-    folders above it inside the current directory that this leaves empty (`logs/evaluate/` of a default path)."""
-    run_dir = hydra_run_dir()
-    if run_dir is None or not run_dir.is_dir():
-        return
-    if not all(entry.name in HYDRA_OWN_FILES or entry.suffix == ".log" for entry in run_dir.iterdir()):
-        return
-    shutil.rmtree(run_dir, ignore_errors=True)
+def remove_if_untouched(folder: Path) -> bool:
+    """Delete a run folder holding nothing but Hydra's own files (.hydra/ and the job log), i.e. a run that failed
+    before doing any work, and the folders above it inside the current directory that this leaves empty
+    (`logs/evaluate/` of a default path). True when removed."""
+    folder = Path(folder)
+    if not folder.is_dir() or not all(e.name in HYDRA_OWN_FILES or e.suffix == ".log" for e in folder.iterdir()):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
     cwd = Path.cwd().resolve()
-    parent = run_dir.resolve().parent
+    parent = folder.resolve().parent
     while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
+    return True
+
+
+def discard_hydra_run_dir() -> None:
+    """`remove_if_untouched` for this single run's Hydra folder."""
+    run_dir = hydra_run_dir()
+    if run_dir is not None:
+        remove_if_untouched(run_dir)
 
 
 @contextlib.contextmanager

@@ -7,13 +7,11 @@ and every trial has its own numbered folder, so no two runs ever share one. Resu
 checkpoint's own run folder, where its curve, metrics.csv and best-checkpoint bookkeeping continue.
 
 The `promptemb.run_dir` resolver computes `output_dir` (and so Hydra's run dir) from these rules; it is registered
-when this module is imported.
+when this module is imported. (A run that fails before any work leaves no folder: `common.validation`.)
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -21,8 +19,6 @@ from omegaconf import OmegaConf
 from common.errors import ConfigError
 
 LAST = "last"
-#: what Hydra itself writes into a run folder before the task runs
-HYDRA_BOOKKEEPING = (".hydra", "train.log", "evaluate.log", "export.log")
 
 
 def in_multirun() -> bool:
@@ -69,18 +65,3 @@ def run_dir(ckpt_path: str | None, resume: bool, task_dir: str, stamp: str) -> s
 
 
 OmegaConf.register_new_resolver("promptemb.run_dir", run_dir, replace=True)
-
-
-def remove_if_untouched(folder: Path) -> bool:
-    """Delete a run folder holding nothing but Hydra's bookkeeping (a run that failed before doing any work), and
-    the parents that this leaves empty below the current directory. True when removed."""
-    folder = Path(folder)
-    if not folder.is_dir() or any(entry.name not in HYDRA_BOOKKEEPING for entry in folder.iterdir()):
-        return False
-    shutil.rmtree(folder)
-    cwd = Path.cwd().resolve()
-    parent = folder.resolve().parent
-    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
-        os.rmdir(parent)
-        parent = parent.parent
-    return True

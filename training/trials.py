@@ -21,7 +21,8 @@ from omegaconf import DictConfig
 
 from common.errors import PreemptedError, UserError
 from common.io import atomic_write_json, atomic_write_text
-from training.run_dirs import in_multirun, remove_if_untouched
+from common.validation import remove_if_untouched
+from training.run_dirs import in_multirun
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "status.json"
