@@ -4,7 +4,8 @@ Lightning restores weights, optimiser, schedule and loop counters but not the ge
 global torch (CPU and CUDA), numpy and Python states with every checkpoint and restores them just before the first
 batch a resumed run trains on, so whatever ran in between (model construction, the data loader, hooks) cannot shift
 them. Stored as tensors and plain containers: checkpoints stay loadable with `torch.load(weights_only=True)`.
-Under DDP every rank restores rank 0's state: ranks are seeded alike and draw alike.
+Under DDP every rank's state is gathered into the checkpoint and each rank restores its own: ranks draw different
+amounts (their batches pad to different lengths), so one shared state would not continue any of them exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import random
 import numpy as np
 import pytorch_lightning as pl
 import torch
+import torch.distributed as dist
 
 
 def capture() -> dict:
@@ -42,15 +44,22 @@ def restore(state: dict) -> None:
 
 class RandomStateCallback(pl.Callback):
     def __init__(self):
-        self.pending: dict | None = None
+        self.pending: list[dict] | None = None
 
     def state_dict(self) -> dict:
-        return capture()
+        """Called on every rank when a checkpoint is saved (Lightning dumps it everywhere, rank 0 writes it)."""
+        state = capture()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            states: list = [None] * dist.get_world_size()
+            dist.all_gather_object(states, state)
+            return {"ranks": states}
+        return {"ranks": [state]}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.pending = state_dict
+        self.pending = state_dict["ranks"]
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.pending is not None:
-            restore(self.pending)
+            same_world = len(self.pending) == trainer.world_size
+            restore(self.pending[trainer.global_rank] if same_world else self.pending[0])
             self.pending = None
