@@ -25,7 +25,7 @@ from training.sweeps import (
     validate_sweep,
 )
 
-SWEEPS = sorted((REPO / "configs/sweeps").glob("*.yaml"))
+SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 
 
 def subprocess_env(tmp_path, real_data_root=None) -> dict:
@@ -44,7 +44,7 @@ def test_sweep_files_exist_and_validate():
         validate_sweep(spec, where=f"sweep {path.name}")
         assert spec["program"] == "train.py" and "${args_no_hyphens}" in spec["command"]
         assert spec["metric"] == {"name": "val/stsb_dev/mask_best", "goal": "maximize"}  # not the last value
-    unsup = load_sweep(REPO / "configs/sweeps/promptbert_unsup.yaml")["parameters"]
+    unsup = load_sweep(REPO / "sweeps/promptbert_unsup.yaml")["parameters"]
     assert {"module.lr", "module.temperature", "template_pair", "data.batch_size"} <= set(unsup)
 
 
@@ -98,7 +98,7 @@ def test_agent_command_of_a_sampled_configuration_trains(sweep, tiny_bert, real_
 
 @pytest.fixture()
 def bad_sweep(tmp_path) -> Path:
-    spec = load_sweep(REPO / "configs/sweeps/promptbert_unsup.yaml")
+    spec = load_sweep(REPO / "sweeps/promptbert_unsup.yaml")
     spec["parameters"]["module.learning_rate"] = {"values": [1e-5, 3e-5]}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -110,7 +110,7 @@ def test_unknown_parameter_is_named(bad_sweep, tmp_path):
                                           r"'module\.learning_rate' is not a key of train\.py's config; .*"
                                           r"prefix it with '\+' \(\+module\.learning_rate=\.\.\.\)"):
         validate_sweep(load_sweep(bad_sweep), where="sweep bad.yaml")
-    spec = load_sweep(REPO / "configs/sweeps/promptbert_unsup.yaml")
+    spec = load_sweep(REPO / "sweeps/promptbert_unsup.yaml")
     spec["parameters"]["template_pair"]["values"].append("nope")
     with pytest.raises(ConfigError, match=r"parameter 'template_pair' is the config group template_pair/: values "
                                           r"must be among bert, roberta, same, word \(got \['nope'\]\)"):

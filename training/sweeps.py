@@ -1,8 +1,8 @@
-"""W&B sweep files (configs/sweeps/*.yaml): validate them against train.py's config, sample one configuration,
+"""W&B sweep files (sweeps/*.yaml): validate them against train.py's config, sample one configuration,
 and build the exact command a `wandb agent` would run for it, all without the W&B service.
 
-    python -m training.sweeps check configs/sweeps/*.yaml          # every parameter is a train.py key/group
-    python -m training.sweeps command configs/sweeps/optiprompt.yaml [--seed 0]   # what an agent would run
+    python -m training.sweeps check sweeps/*.yaml          # every parameter is a train.py key/group
+    python -m training.sweeps command sweeps/optiprompt.yaml [--seed 0]   # what an agent would run
 
 The command is built as wandb's agent builds it: `create_sweep_command` / `create_sweep_command_args` from
 `wandb.sdk.launch.sweeps.utils` (imported when available) fill `${envvar:...}` and the `${args_no_hyphens}`
