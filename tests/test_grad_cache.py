@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -12,7 +16,9 @@ from lightning_modules.grad_cache import RngState, TemplateBiasCache, split_batc
 from lightning_modules.losses import info_nce
 from lightning_modules.optiprompt import OptiPrompt
 from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
+from tests.conftest import REPO
 from tests.helpers import save_tiny_bert
+from tests.test_ddp import free_port
 
 TOL = 1e-5
 SENTENCES = ["a man plays a guitar .", "short", "two dogs run in a field while a plane lands at night",
@@ -171,3 +177,22 @@ def test_non_finite_loss_stops_before_pass_two_and_the_optimiser_step(tiny_bert,
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 0; stopped before the optimiser step"):
         fit_one_step(module, SENTENCES, clip=1.0)
     assert all(torch.equal(p, before[n]) for n, p in module.named_parameters())
+
+
+@pytest.mark.parametrize("kind", ["unsup", pytest.param("sup", marks=pytest.mark.slow)])
+def test_grad_cache_under_two_rank_ddp_equals_one_process_on_the_joined_batch(tiny_bert, tmp_path, kind):
+    """2 gloo ranks, gradient caching in chunks of 3 over 4 local sentences (sup: 1 of 2 triplets), gathered
+    negatives, real DistributedDataParallel gradient averaging: the loss and every gradient of one ordinary
+    process on the joined batch."""
+    worker, out = str(REPO / "tests" / "grad_cache_ddp_worker.py"), str(tmp_path / "result")
+    env = {**os.environ, "TINY_BERT": str(tiny_bert)}
+    chunk = 3 if kind == "unsup" else 1
+    subprocess.run([sys.executable, worker, kind, "0", "1", "0", "0", f"{out}-single"], check=True, timeout=300,
+                   env=env)
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, worker, kind, str(r), "2", str(port), str(chunk), f"{out}-ddp"],
+                              env=env) for r in range(2)]
+    assert [p.wait(timeout=300) for p in ranks] == [0, 0]
+    single = torch.load(f"{out}-single.0")
+    for rank in range(2):
+        assert_same(tuple(torch.load(f"{out}-ddp.{rank}").values()), tuple(single.values()))
