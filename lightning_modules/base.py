@@ -23,14 +23,26 @@ from lightning_modules.grad_cache import GradCache, TemplateBiasCache
 from lightning_modules.losses import info_nce, world_size
 from poolers.base import Pooler
 
+#: Where *ForMaskedLM models keep the MLM head's transform (dense -> activation -> LayerNorm): (module, LayerNorm name).
+MLM_TRANSFORMS = (("cls.predictions.transform", "LayerNorm"), ("lm_head", "layer_norm"))  # BERT; RoBERTa, XLM-R
+
 
 def mlm_transform_state(model: torch.nn.Module, loading_info: dict) -> dict[str, torch.Tensor] | None:
-    """Copies of the trained MLM-head transform weights (`dense.*`, `LayerNorm.*`) of a *ForMaskedLM model, or None
-    when it has no such transform or the checkpoint did not provide it (randomly initialised)."""
-    transform = getattr(getattr(getattr(model, "cls", None), "predictions", None), "transform", None)
-    if transform is None or any("transform" in key for key in loading_info.get("missing_keys", ())):
-        return None
-    return {name: tensor.detach().clone() for name, tensor in transform.state_dict().items()}
+    """Copies of the trained MLM-head transform weights of a *ForMaskedLM model, keyed as `MLMTransformHead`'s
+    state dict (`dense.*`, `layer_norm.*`), or None when it has no such transform or the checkpoint did not provide
+    it (randomly initialised)."""
+    missing = tuple(loading_info.get("missing_keys", ()))
+    for path, norm in MLM_TRANSFORMS:
+        try:
+            transform = model.get_submodule(path)
+            parts = {"dense": transform.get_submodule("dense"), "layer_norm": transform.get_submodule(norm)}
+        except AttributeError:
+            continue
+        if any(key.startswith((f"{path}.dense.", f"{path}.{norm}.")) for key in missing):
+            return None
+        return {f"{name}.{key}": tensor.detach().clone()
+                for name, part in parts.items() for key, tensor in part.state_dict().items()}
+    return None
 
 
 class NonFiniteLossError(UserError):
