@@ -2,7 +2,7 @@
 achieved FLOP/s and MFU.
 
     python bench/train_throughput.py experiment=quickstart_unsup data.batch_size=32 [hydra overrides ...]
-        [--steps 10] [--warmup 2] [--device auto|cpu|cuda] [--peak-tflops T] [--out result.json]
+        [--steps 10] [--warmup 2] [--device auto|cpu|cuda] [--threads N] [--peak-tflops T] [--out result.json]
 
 The recipe is composed exactly as train.py composes it (same module, data module, precision from `trainer.precision`,
 gradient clipping from `trainer.gradient_clip_val`), so `module.grad_cache_chunk_size=16` or
@@ -14,6 +14,9 @@ written out so each phase can be timed (on a GPU every phase boundary synchronis
 - denoising: the template-bias forwards, wherever they run (forward; under gradient caching also their replay);
 - backward: back-propagation (under gradient caching pass 2: re-forward and backward of every chunk);
 - optimiser: gradient clipping, AdamW step, LR-schedule step, zero_grad.
+
+Besides wall time it reports the process's CPU time per step (all threads): on a shared CPU, where wall time
+depends on what else runs, that is the steadier measure of the work a step does.
 
 FLOP model (docs/benchmarks.md): each transformer call contributes, per row of real (unpadded) length n,
 2·P·n + 4·L·d·n² forward FLOPs (P = L·(4d² + 2·d·f) weight-matrix parameters, the second term attention scores and
@@ -134,11 +137,13 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
     rows, phases = [], []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    cpu_seconds = []
     for step in range(warmup + steps):
         timed = step >= warmup
         counter.counting, counter.denoising_seconds = False, 0.0
         times = dict.fromkeys(PHASES, 0.0)
         start = clock.now()
+        cpu_start = time.process_time()
         batch = next(stream)
         times["data_wait"] = clock.now() - start
         autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
@@ -165,6 +170,7 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
         if timed:
             phases.append(times)
             rows.append(examples)
+            cpu_seconds.append(time.process_time() - cpu_start)
     total = sum(sum(t.values()) for t in phases)
     sentences = _sentences_per_example(module) * sum(rows)
     achieved = counter.flops / total
@@ -172,6 +178,8 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
         "steps": steps,
         "step_seconds_mean": total / steps,
         "step_seconds_median": statistics.median(sum(t.values()) for t in phases),
+        # CPU time of this process (all threads) per step: on a shared CPU a steadier measure of the work than wall
+        "step_cpu_seconds_mean": sum(cpu_seconds) / steps,
         "steps_per_s": steps / total,
         "examples_per_s": sum(rows) / total,
         "sentences_per_s": sentences / total,
@@ -195,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps (after --warmup untimed ones)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda[:i]")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak dense TFLOP/s at the run's precision, for MFU (e.g. H100 SXM bf16 989)")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
@@ -202,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [o for o in overrides if o.startswith("--")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
     try:
@@ -231,7 +242,8 @@ def format_result(result: dict) -> str:
         f"{result['setup']['model']}  batch {result['setup']['batch_size']}  {result['setup']['precision']}  "
         f"grad_cache {result['setup']['grad_cache_chunk_size']}  checkpointing "
         f"{result['setup']['gradient_checkpointing']}  on {result['setup']['device']}",
-        f"step {result['step_seconds_mean']:.3f} s (median {result['step_seconds_median']:.3f})  "
+        f"step {result['step_seconds_mean']:.3f} s (median {result['step_seconds_median']:.3f}, "
+        f"CPU time {result['step_cpu_seconds_mean']:.3f} s)  "
         f"{result['steps_per_s']:.3f} steps/s  {result['sentences_per_s']:.1f} sentences/s  "
         f"{result['real_tokens_per_s']:.0f} real tokens/s",
         f"phases: {fractions}",

@@ -9,6 +9,10 @@ caching gets the exact full-batch gradient with the activation memory of one chu
 3. pass 2: re-run each chunk with a graph, replaying its saved RNG state so dropout draws the same masks, and
    back-propagate the cached gradient of its rows into the parameters.
 
+Pass 1 keeps the graph of its last chunk, and pass 2 back-propagates that one first instead of re-running it (so
+at most one chunk's activations are alive at any time): the extra forward covers every chunk but the last, and a
+single chunk costs what the plain step costs.
+
 Template-denoising biases go through the same two passes: in pass 1 each (call, view, sentence length) bias is
 computed once for the whole step (a bias forward per chunk covering only the lengths not seen before, RNG saved),
 the chunks read them as cached tensors, and after pass 2 each bias forward is replayed with the gradient the chunks
@@ -22,6 +26,7 @@ parameter once), gradient clipping, the optimiser and LR-schedule steps all run 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -124,7 +129,8 @@ class TemplateBiasCache:
         if not views:
             return
         rng = RngState.capture(self.device)
-        outputs = compute([builders[v] for v in views], missing)
+        with contextlib.nullcontext() if self.keep_graph else torch.no_grad():  # (pass 1's last chunk has grad on)
+            outputs = compute([builders[v] for v in views], missing)
         leaves = outputs if self.keep_graph else [
             {layer: states.detach().requires_grad_() for layer, states in out.items()} for out in outputs]
         index = len(self.forwards)
@@ -164,10 +170,13 @@ class GradCache:
                 for index, chunk in enumerate(self.chunks):
                     self.chunk_rng.append(RngState.capture(module.device))
                     self.cache.start_chunk(index)
-                    views.append(module.contrastive_views(chunk))
+                    last = index == len(self.chunks) - 1
+                    with torch.enable_grad() if last else contextlib.nullcontext():
+                        views.append(module.contrastive_views(chunk))
         finally:
             module.template_bias_cache = None
         self.rng_after_pass1 = RngState.capture(module.device)
+        self.last_chunk_views = [v for v in views[-1] if v is not None]  # with its graph
         self.embeddings = [[None if v is None else v.detach().requires_grad_() for v in chunk] for chunk in views]
         anchors, positives, negatives = (
             None if column[0] is None else torch.cat(column) for column in zip(*self.embeddings, strict=True)
@@ -176,24 +185,25 @@ class GradCache:
 
     def surrogate(self, loss: torch.Tensor) -> torch.Tensor:
         """Pass 2: a tensor equal to `loss` whose gradient w.r.t. the parameters is d loss / d parameters."""
-        cached = [e for chunk in self.embeddings for e in chunk if e is not None]
-        embedding_grads = iter(torch.autograd.grad(loss, cached))
+        cached = [[e for e in chunk if e is not None] for chunk in self.embeddings]
+        flat_grads = iter(torch.autograd.grad(loss, [e for chunk in cached for e in chunk]))
+        embedding_grads = [[next(flat_grads) for _ in chunk] for chunk in cached]
         grads = [torch.zeros_like(p) for p in self.params]
         leaves = self.cache.leaves()
         leaf_grads = [torch.zeros_like(leaf) for leaf in leaves]
         position = {id(leaf): index for index, leaf in enumerate(leaves)}
+        _accumulate(grads + leaf_grads, self.last_chunk_views, self.params + leaves, embedding_grads[-1])
+        self.last_chunk_views = None
         module = self.module
         module.template_bias_cache = self.cache
         self.cache.replaying = True
         try:
-            for index, (chunk, rng, chunk_embeddings) in enumerate(zip(self.chunks, self.chunk_rng, self.embeddings,
-                                                                       strict=True)):
-                rng.restore()
+            for index in range(len(self.chunks) - 1):
+                self.chunk_rng[index].restore()
                 self.cache.start_chunk(index)
-                views = [v for v, e in zip(module.contrastive_views(chunk), chunk_embeddings, strict=True)
-                         if e is not None]
-                chunk_grads = [next(embedding_grads) for _ in views]
-                _accumulate(grads + leaf_grads, views, self.params + leaves, chunk_grads)
+                views = [v for v, e in zip(module.contrastive_views(self.chunks[index]), self.embeddings[index],
+                                           strict=True) if e is not None]
+                _accumulate(grads + leaf_grads, views, self.params + leaves, embedding_grads[index])
         finally:
             module.template_bias_cache = None
         for forward in self.cache.forwards:  # the bias forwards, replayed with the gradient their rows collected
