@@ -13,10 +13,11 @@ Pass 1 keeps the graph of its last chunk, and pass 2 back-propagates that one fi
 at most one chunk's activations are alive at any time): the extra forward covers every chunk but the last, and a
 single chunk costs what the plain step costs.
 
-Template-denoising biases go through the same two passes: in pass 1 each (call, view, sentence length) bias is
-computed once for the whole step (a bias forward per chunk covering only the lengths not seen before, RNG saved),
-the chunks read them as cached tensors, and after pass 2 each bias forward is replayed with the gradient the chunks
-accumulated on its rows. So the biases are computed as often as in a full-batch step, not once per chunk.
+Template-denoising biases: in pass 1 each (call, view, sentence length) bias is computed once for the whole step
+(a bias forward per chunk covering only the lengths not seen before), and its graph is kept — template-only rows,
+a fraction of one chunk's activations — while the chunks read the biases as gradient-collecting leaves in both
+passes; after pass 2 each bias graph is back-propagated once with the gradient the chunks put on its rows. So the
+biases are computed as often as in a full-batch step, never per chunk and never twice.
 
 The parameter gradients are handed to Lightning's automatic optimisation as a surrogate loss, linear in the
 parameters, whose value is the loss and whose gradient is exactly the accumulated full-batch gradient: Lightning's
@@ -35,6 +36,7 @@ import torch
 from lightning_modules.losses import info_nce
 
 BiasCompute = Callable[[list, list[torch.Tensor]], list[dict[int, torch.Tensor]]]
+BiasStates = list[dict[int, torch.Tensor]]  # per view: layer -> [rows, D]
 
 
 @dataclass
@@ -71,14 +73,12 @@ def split_batch(batch, size: int) -> list:
 
 @dataclass
 class _BiasForward:
-    """One pass-1 bias forward: how to run it again, its inputs, the RNG state before it, and its outputs as
-    gradient-collecting leaves."""
+    """One pass-1 bias forward: the lengths it covered, its outputs (with their graph) and the leaves the chunks read
+    in their place (the outputs themselves under `keep_graph`)."""
 
-    compute: BiasCompute
-    builders: list
     lengths: list[torch.Tensor]
-    rng: RngState
-    leaves: list[dict[int, torch.Tensor]]
+    outputs: BiasStates
+    leaves: BiasStates
 
 
 @dataclass
@@ -128,13 +128,13 @@ class TemplateBiasCache:
                 missing.append(torch.tensor(new, device=view_lengths.device))
         if not views:
             return
-        rng = RngState.capture(self.device)
-        with contextlib.nullcontext() if self.keep_graph else torch.no_grad():  # (pass 1's last chunk has grad on)
+        with torch.enable_grad():  # pass 1 runs without grad, but the bias graph is back-propagated after pass 2
             outputs = compute([builders[v] for v in views], missing)
         leaves = outputs if self.keep_graph else [
-            {layer: states.detach().requires_grad_() for layer, states in out.items()} for out in outputs]
+            {layer: states.detach().requires_grad_(states.requires_grad) for layer, states in out.items()}
+            for out in outputs]
         index = len(self.forwards)
-        self.forwards.append(_BiasForward(compute, [builders[v] for v in views], missing, rng, leaves))
+        self.forwards.append(_BiasForward(missing, outputs, leaves))
         for position, (view, new) in enumerate(zip(views, missing, strict=True)):
             for row, n in enumerate(new.tolist()):
                 self.rows[(call, view, n)] = (index, position, row)
@@ -189,7 +189,7 @@ class GradCache:
         flat_grads = iter(torch.autograd.grad(loss, [e for chunk in cached for e in chunk]))
         embedding_grads = [[next(flat_grads) for _ in chunk] for chunk in cached]
         grads = [torch.zeros_like(p) for p in self.params]
-        leaves = self.cache.leaves()
+        leaves = [leaf for leaf in self.cache.leaves() if leaf.requires_grad]  # none with freeze_bias
         leaf_grads = [torch.zeros_like(leaf) for leaf in leaves]
         position = {id(leaf): index for index, leaf in enumerate(leaves)}
         _accumulate(grads + leaf_grads, self.last_chunk_views, self.params + leaves, embedding_grads[-1])
@@ -206,14 +206,12 @@ class GradCache:
                 _accumulate(grads + leaf_grads, views, self.params + leaves, embedding_grads[index])
         finally:
             module.template_bias_cache = None
-        for forward in self.cache.forwards:  # the bias forwards, replayed with the gradient their rows collected
-            forward.rng.restore()
-            outputs = forward.compute(forward.builders, forward.lengths)
-            pairs = [(out[layer], leaf_grads[position[id(leaf)]])
-                     for out, out_leaves in zip(outputs, forward.leaves, strict=True)
-                     for layer, leaf in out_leaves.items() if out[layer].requires_grad]
-            if pairs:
-                _accumulate(grads, [o for o, _ in pairs], self.params, [g for _, g in pairs])
+        pairs = [(out[layer], leaf_grads[position[id(leaf)]])  # the bias graphs, with the gradient their rows got
+                 for forward in self.cache.forwards
+                 for out, out_leaves in zip(forward.outputs, forward.leaves, strict=True)
+                 for layer, leaf in out_leaves.items() if id(leaf) in position]
+        if pairs:
+            _accumulate(grads, [o for o, _ in pairs], self.params, [g for _, g in pairs])
         self.rng_after_pass1.restore()
         linear = sum((p * g).sum() for p, g in zip(self.params, grads, strict=True))
         return loss.detach() + (linear - linear.detach())
