@@ -11,8 +11,8 @@ written out so each phase can be timed (on a GPU every phase boundary synchronis
 
 - data wait: `next()` on the recipe's training DataLoader and the batch's transfer to the device;
 - forward: `module.contrastive_loss` (views, heads, InfoNCE; under gradient caching pass 1), bias forwards excluded;
-- denoising: the template-bias forwards, wherever they run (forward; under gradient caching also their replay);
-- backward: back-propagation (under gradient caching pass 2: re-forward and backward of every chunk);
+- denoising: the template-bias forwards (their backward is part of backward);
+- backward: back-propagation (under gradient caching pass 2: re-forward and backward of every chunk but the last);
 - optimiser: gradient clipping, AdamW step, LR-schedule step, zero_grad.
 
 Besides wall time it reports the process's CPU time per step (all threads): on a shared CPU, where wall time
