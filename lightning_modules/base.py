@@ -19,17 +19,30 @@ from encoder.forward import concat_batches, max_input_length, run_transformer, t
 from encoder.inputs import Batch, InputBuilder, InputForm, collate
 from encoder.model import Encoder, load_pretrained
 from encoder.template import Template
+from lightning_modules.grad_cache import GradCache, TemplateBiasCache
 from lightning_modules.losses import info_nce, world_size
 from poolers.base import Pooler
 
+#: Where *ForMaskedLM models keep the MLM head's transform (dense -> activation -> LayerNorm): (module, LayerNorm name).
+MLM_TRANSFORMS = (("cls.predictions.transform", "LayerNorm"), ("lm_head", "layer_norm"))  # BERT; RoBERTa, XLM-R
+
 
 def mlm_transform_state(model: torch.nn.Module, loading_info: dict) -> dict[str, torch.Tensor] | None:
-    """Copies of the trained MLM-head transform weights (`dense.*`, `LayerNorm.*`) of a *ForMaskedLM model, or None
-    when it has no such transform or the checkpoint did not provide it (randomly initialised)."""
-    transform = getattr(getattr(getattr(model, "cls", None), "predictions", None), "transform", None)
-    if transform is None or any("transform" in key for key in loading_info.get("missing_keys", ())):
-        return None
-    return {name: tensor.detach().clone() for name, tensor in transform.state_dict().items()}
+    """Copies of the trained MLM-head transform weights of a *ForMaskedLM model, keyed as `MLMTransformHead`'s
+    state dict (`dense.*`, `layer_norm.*`), or None when it has no such transform or the checkpoint did not provide
+    it (randomly initialised)."""
+    missing = tuple(loading_info.get("missing_keys", ()))
+    for path, norm in MLM_TRANSFORMS:
+        try:
+            transform = model.get_submodule(path)
+            parts = {"dense": transform.get_submodule("dense"), "layer_norm": transform.get_submodule(norm)}
+        except AttributeError:
+            continue
+        if any(key.startswith((f"{path}.dense.", f"{path}.{norm}.")) for key in missing):
+            return None
+        return {f"{name}.{key}": tensor.detach().clone()
+                for name, part in parts.items() for key, tensor in part.state_dict().items()}
+    return None
 
 
 class NonFiniteLossError(DivergenceError):
@@ -52,6 +65,8 @@ class PromptContrastiveModule(pl.LightningModule):
         freeze_bias: bool = False,
         load_mlm_head: bool = False,
         max_length: int | None = None,
+        grad_cache_chunk_size: int | None = None,
+        gradient_checkpointing: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -75,6 +90,17 @@ class PromptContrastiveModule(pl.LightningModule):
         self.max_length = max_input_length(self.transformer, self.tokenizer, max_length)
         self.builders = [self._builder(t, max_sentence_tokens) for t in self.templates]
         self.input_embedder: torch.nn.Module | None = None
+        # Memory options for large batches: gradient caching (lightning_modules/grad_cache.py; the cache of template
+        # biases is set only during a cached step) and activation checkpointing inside the transformer.
+        if grad_cache_chunk_size is not None and grad_cache_chunk_size < 1:
+            raise ConfigError(f"grad_cache_chunk_size must be null or >= 1, got {grad_cache_chunk_size}")
+        self.template_bias_cache: TemplateBiasCache | None = None
+        if gradient_checkpointing:  # non-reentrant: recomputation replays the forward's dropout RNG state
+            options = {"use_reentrant": False}
+            if hasattr(self.transformer, "activation_checkpointing_enable"):  # transformers >= 5
+                self.transformer.activation_checkpointing_enable(options)
+            else:
+                self.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Lightning records no class; export and `load_module_checkpoint` rebuild the module from this.
@@ -106,11 +132,20 @@ class PromptContrastiveModule(pl.LightningModule):
         out = run_transformer(self.transformer, merged, replace(needs, template_bias=False),
                               input_embedder=self.input_embedder)
         if needs.template_bias:
-            with torch.no_grad() if self.hparams.freeze_bias else contextlib.nullcontext():
-                biases = template_biases(self.transformer, builders, [b.sentence_lengths for b in batches],
-                                         needs.layers, input_embedder=self.input_embedder)
+            lengths = [b.sentence_lengths for b in batches]
+            if self.template_bias_cache is None:
+                biases = self.compute_template_biases(builders, lengths, needs.layers)
+            else:
+                biases = self.template_bias_cache.biases(
+                    lambda b, n: self.compute_template_biases(b, n, needs.layers), builders, lengths)
             out.template_bias = {layer: torch.cat([bias[layer] for bias in biases]) for layer in biases[0]}
         return list(pooler(out).split([batch.input_ids.shape[0] for batch in batches]))
+
+    def compute_template_biases(self, builders: list[InputBuilder], lengths: list[torch.Tensor],
+                                layers: tuple[int, ...] = (-1,)) -> list[dict[int, torch.Tensor]]:
+        """Template biases of each view at its rows' sentence lengths, in one forward (`freeze_bias`: no gradient)."""
+        with torch.no_grad() if self.hparams.freeze_bias else contextlib.nullcontext():
+            return template_biases(self.transformer, builders, lengths, layers, input_embedder=self.input_embedder)
 
     def contrastive_views(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(anchors, positives, hard negatives or None), each [b, D]."""
@@ -127,19 +162,27 @@ class PromptContrastiveModule(pl.LightningModule):
 
     # -- optimisation ---------------------------------------------------------------------------------------------
 
-    def training_step(self, batch, batch_idx):
+    def contrastive_loss(self, batch):
+        """(InfoNCE of the batch, its rows, what turns the loss to back-propagate into the tensor handed to Lightning):
+        the loss itself, or under gradient caching a surrogate carrying the full-batch gradient."""
+        if self.hparams.grad_cache_chunk_size:
+            step = GradCache(self, self.hparams.grad_cache_chunk_size)
+            return *step.loss(batch), step.surrogate
         anchors, positives, negatives = self.contrastive_views(batch)
-        loss = info_nce(anchors, positives, self.hparams.temperature, negatives)
+        return info_nce(anchors, positives, self.hparams.temperature, negatives), anchors.shape[0], lambda loss: loss
+
+    def training_step(self, batch, batch_idx):
+        loss, rows, to_backward = self.contrastive_loss(batch)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"loss is {loss.item()} at step {self.global_step}; stopped before the optimiser step, the saved "
                 "checkpoints are from before it; lower module.lr, clip gradients (trainer.gradient_clip_val=1.0) or "
                 "train in fp32"
             )
-        self.log("train/loss", loss, prog_bar=True, batch_size=anchors.shape[0])
+        self.log("train/loss", loss, prog_bar=True, batch_size=rows)
         # Each rank back-propagates through its own slice of the global similarity matrix; DDP averages gradients,
         # so scaling by the world size gives exactly the single-process gradient of the joined batch.
-        return loss * world_size()
+        return to_backward(loss * world_size())
 
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]

@@ -21,7 +21,8 @@ class MLPHead(nn.Module):
 class MLMTransformHead(nn.Module):
     """h -> LayerNorm(act(W h + b)): the transform of BERT's MLM head (PromptBERT's supervised head).
 
-    Initialised from the checkpoint's MLM head (`cls.predictions.transform`) when it has one.
+    Initialised from the checkpoint's MLM head (BERT's `cls.predictions.transform`, RoBERTa's `lm_head.dense` and
+    `lm_head.layer_norm`) when it has one: see `lightning_modules.base.mlm_transform_state`.
     """
 
     def __init__(self, hidden_size: int, activation: str = "gelu", eps: float = 1e-12):
@@ -32,8 +33,3 @@ class MLMTransformHead(nn.Module):
 
     def forward(self, hidden):
         return self.layer_norm(self.activation(self.dense(hidden)))
-
-    def load_from_mlm_transform_state(self, state: dict) -> None:
-        """Copy a BertPredictionHeadTransform state dict (`dense.*`, `LayerNorm.*`)."""
-        self.dense.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("dense.")})
-        self.layer_norm.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("LayerNorm.")})

@@ -39,6 +39,9 @@ def info_nce(
     """
     a, p = gather_with_grad(anchors), gather_with_grad(positives)
     columns = p if hard_negatives is None else torch.cat([p, gather_with_grad(hard_negatives)])
-    logits = F.normalize(a, dim=-1) @ F.normalize(columns, dim=-1).T / temperature
-    labels = torch.arange(a.shape[0], device=a.device)
-    return F.cross_entropy(logits.float(), labels)
+    # Normalisation, similarities and softmax in fp32 even under bf16/fp16 autocast: cos/τ reaches 1/τ = 20, where
+    # bf16 steps by 0.125, and a near-converged loss is a sum of exp(logit differences) that such steps distort.
+    with torch.autocast(device_type=a.device.type, enabled=False):
+        logits = F.normalize(a.float(), dim=-1) @ F.normalize(columns.float(), dim=-1).T / temperature
+        labels = torch.arange(a.shape[0], device=a.device)
+        return F.cross_entropy(logits, labels)

@@ -48,7 +48,7 @@ class PromptBERTSup(PromptContrastiveModule):
     def _init_head_from_checkpoint(self) -> bool:
         if self.mlm_transform_state is None:
             return False
-        self.head.load_from_mlm_transform_state(self.mlm_transform_state)
+        self.head.load_state_dict(self.mlm_transform_state)
         self.mlm_transform_state = None  # used once; not part of the module's state
         return True
 

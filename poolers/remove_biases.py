@@ -24,17 +24,35 @@ def is_punctuation(token: str) -> bool:
     return bool(token) and all(ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in token)
 
 
-def biased_token(token: str, frequent: frozenset[str]) -> bool:
-    """Frequent token, subword piece (`##...`), punctuation-only, or containing an uppercase letter (cased vocabs;
-    an uncased vocab has none)."""
-    return (token in frequent or token.startswith("##") or is_punctuation(token)
-            or any(ch.isupper() for ch in token))
+def byte_level_decoder(tokenizer):
+    """The tokenizer's byte-level BPE decoder (GPT-2, RoBERTa spell each byte as a printable character: space -> `Ġ`,
+    the bytes of `é` -> `Ã©`), or None for other tokenizers."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return decoder if type(decoder).__name__ == "ByteLevel" else None
+
+
+def token_text(token: str, byte_level=None) -> str:
+    """The text a vocabulary entry spells, without its word-start marker: byte-level tokens decoded (`Ġman` -> `man`,
+    `ĠcafÃ©` -> `café`), SentencePiece's `▁` dropped; WordPiece tokens (`##s`) as they are."""
+    if byte_level is not None:
+        token = byte_level.decode([token])
+    return token.strip().removeprefix("▁")
+
+
+def biased_token(token: str, frequent: frozenset[str], byte_level=None) -> bool:
+    """Frequent token, subword piece (`##...`), punctuation-only or whitespace-only, or containing an uppercase
+    letter (cased vocabs; an uncased vocab has none). Judged on the token's text (`token_text`): a byte-level
+    word-start marker `Ġ` is neither an uppercase letter nor part of the word."""
+    text = token_text(token, byte_level)
+    return (not text or text in frequent or token.startswith("##") or is_punctuation(text)
+            or any(ch.isupper() for ch in text))
 
 
 class RemoveBiasesPooler(Pooler):
     """e = (1/|K|) Σ_{t∈K} x_t over the kept tokens K of the plain input: every real token except the frequent
     list (`frequent_tokens`, default the bert-base-uncased top 36), `##` subword pieces, punctuation-only tokens,
-    tokens with uppercase letters, and special tokens ([CLS]/[SEP]/...).
+    tokens with uppercase letters, and special tokens ([CLS]/[SEP]/...). Each test reads the token's text, so a
+    byte-level BPE token (RoBERTa) is judged without its `Ġ` word-start marker and with its bytes decoded.
 
     x_t = the static word-embedding row (`variant="static"`, the paper's "static remove biases") or the hidden
     state averaged over `layers` (`variant="contextual"`). A sentence whose tokens are ALL removed (e.g. "a man .")
@@ -64,7 +82,8 @@ class RemoveBiasesPooler(Pooler):
         vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         special = torch.zeros(len(vocab), dtype=torch.bool)
         special[list(tokenizer.all_special_ids)] = True
-        biased = torch.tensor([biased_token(token, self.frequent) for token in vocab])
+        byte_level = byte_level_decoder(tokenizer)
+        biased = torch.tensor([biased_token(token, self.frequent, byte_level) for token in vocab])
         self.keep_vocab, self.special_vocab = ~(biased | special), special
 
     def __call__(self, out: EncoderOutput) -> torch.Tensor:

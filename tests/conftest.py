@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import save_tiny_bert, write_mini_senteval
+from tests.helpers import save_tiny_bert, save_tiny_roberta, write_mini_senteval
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -13,6 +13,11 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta(tmp_path_factory) -> Path:
+    return save_tiny_roberta(tmp_path_factory.mktemp("tiny_roberta"))
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,45 @@ def save_tiny_bert(directory: Path, *, layers: int = 3, heads: int = 4, hidden: 
     return directory
 
 
+# Text the tiny byte-level BPE vocabulary is learned from: template words, a few sentences, cased and accented words.
+ROBERTA_CORPUS = [
+    "This sentence : 'a man plays a guitar .' means something .", "The sentence : 'two dogs run' means it .",
+    "A man is playing a guitar in the park.", "The café in Zürich is open, Mr. Smith said.",
+    "a woman is slicing onions", "two dogs run in a field while a plane lands at night",
+    "the sun is shining", "stocks fell sharply on monday .", "a child reads a book on the sofa",
+]
+
+
+def save_tiny_roberta(directory: Path, *, layers: int = 2, heads: int = 4, hidden: int = 32, seed: int = 0,
+                      dropout: float = 0.0) -> Path:
+    """A randomly initialised RobertaForMaskedLM with a real byte-level BPE tokenizer (`Ġ` word starts, `<mask>`
+    absorbing the space before it, positions from padding_idx + 1 = 2), saved as a Hugging Face directory."""
+    from tokenizers import AddedToken, ByteLevelBPETokenizer
+    from transformers import RobertaConfig, RobertaForMaskedLM, RobertaTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(ROBERTA_CORPUS * 4, vocab_size=600, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=False, special=True)])
+    tokenizer = RobertaTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
+                                     sep_token="</s>", cls_token="<s>", unk_token="<unk>", pad_token="<pad>",
+                                     mask_token=AddedToken("<mask>", lstrip=True, rstrip=False))
+    tokenizer.model_max_length = 128
+    assert tokenizer.pad_token_id == 1 and tokenizer.mask_token_id == 4
+    torch.manual_seed(seed)
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+                           num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=130,
+                           pad_token_id=1, bos_token_id=0, eos_token_id=2, hidden_dropout_prob=dropout,
+                           attention_probs_dropout_prob=dropout)
+    model = RobertaForMaskedLM(config)
+    with torch.no_grad():  # a trained-looking head: not the default init (ones / zeros) a fresh head would get
+        model.lm_head.layer_norm.weight.normal_(1.0, 0.1)
+        model.lm_head.layer_norm.bias.normal_(0.0, 0.1)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

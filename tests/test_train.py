@@ -51,7 +51,8 @@ def tiny_overrides(name, tiny_bert, root, out, nli_csv):
 
 
 def test_experiment_list():
-    assert experiment_names() == ["optiprompt", "promptbert_sup", "promptbert_unsup", "quickstart_optiprompt",
+    assert experiment_names() == ["optiprompt", "optiprompt_roberta", "promptbert_sup", "promptbert_sup_roberta",
+                                  "promptbert_unsup", "promptbert_unsup_roberta", "quickstart_optiprompt",
                                   "quickstart_sup", "quickstart_unsup"]
 
 
@@ -76,9 +77,15 @@ def test_published_recipes_keep_their_hyperparameters():
     assert unsup.module.model_name_or_path == "bert-base-uncased" and unsup.module.temperature == 0.05
     assert (sup.module.lr, sup.data.batch_size, sup.trainer.max_epochs) == (5e-5, 512, 3)
     assert (opti.module.lr, opti.data.batch_size, opti.trainer.max_epochs) == (3e-5, 256, 5)
+    unsup_r, sup_r, opti_r = (compose_train([f"experiment={n}_roberta"]) for n in ("promptbert_unsup",
+                                                                                 "promptbert_sup", "optiprompt"))
+    assert (unsup_r.module.lr, unsup_r.data.batch_size, unsup_r.trainer.max_epochs) == (1e-5, 256, 1)
+    assert (sup_r.module.lr, sup_r.data.batch_size, sup_r.trainer.max_epochs) == (5e-5, 512, 3)
+    assert (opti_r.module.lr, opti_r.data.batch_size, opti_r.trainer.max_epochs) == (3e-5, 256, 5)
     # the official recipes train with Hugging Face Trainer, whose default clips the gradient norm at 1.0
-    assert [cfg.trainer.gradient_clip_val for cfg in (unsup, sup, opti)] == [1.0, 1.0, 1.0]
-    assert {cfg.trainer.get("gradient_clip_algorithm", "norm") for cfg in (unsup, sup, opti)} == {"norm"}
+    paper = (unsup, sup, opti, unsup_r, sup_r, opti_r)
+    assert [cfg.trainer.gradient_clip_val for cfg in paper] == [1.0] * 6
+    assert {cfg.trainer.get("gradient_clip_algorithm", "norm") for cfg in paper} == {"norm"}
 
 
 def test_resume_continues_from_the_saved_step(tiny_bert, real_data_root, tmp_path, nli_csv):
@@ -192,8 +199,9 @@ def test_multirun_experiment_sweeps_check_every_name():
 def test_unknown_experiment_lists_valid_ones():
     proc = run_train("experiment=nope")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("error: unknown experiment 'nope'; valid experiments: optiprompt, promptbert_sup, "
-                                   "promptbert_unsup, quickstart_optiprompt, quickstart_sup, quickstart_unsup")
+    assert proc.stderr.strip() == ("error: unknown experiment 'nope'; valid experiments: optiprompt, "
+                                   "optiprompt_roberta, promptbert_sup, promptbert_sup_roberta, promptbert_unsup, "
+                                   "promptbert_unsup_roberta, quickstart_optiprompt, quickstart_sup, quickstart_unsup")
 
 
 def test_template_without_mask_is_a_config_error(tiny_bert):

@@ -1,0 +1,122 @@
+"""RoBERTa end to end, on a tiny random RobertaForMaskedLM with a real byte-level BPE tokenizer (tests/helpers.py):
+remove-biases keeps word-initial `Ġ` tokens, the three RoBERTa recipes denoise with positions counted from
+padding_idx + 1, the supervised head starts from `lm_head`, and checkpoints export and reload exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, RobertaForMaskedLM
+
+from encoder.forward import position_base
+from encoder.model import Encoder
+from exporting.runner import export_checkpoint
+from inference import load_encoder
+from lightning_modules.checkpoint import load_module_checkpoint
+from poolers.remove_biases import RemoveBiasesPooler
+from tests.test_denoising import direct_bias
+from tests.test_export import SENTENCES, TOL, framework_embeddings, sentence_transformer
+from tests.test_grad_cache import TRIPLETS
+from tests.test_train import compose_train
+from training.runner import build
+
+RECIPES = ["promptbert_unsup_roberta", "promptbert_sup_roberta", "optiprompt_roberta"]
+
+
+def recipe_module(name: str, model_dir, *overrides):
+    cfg = compose_train([f"experiment={name}", f"module.model_name_or_path={model_dir}", *overrides])
+    torch.manual_seed(0)
+    return build(cfg.module)
+
+
+def test_recipes_use_the_papers_roberta_templates(tiny_roberta):
+    unsup, sup, opti = (compose_train([f"experiment={name}"]).module for name in RECIPES)
+    assert unsup.model_name_or_path == sup.model_name_or_path == opti.model_name_or_path == "roberta-base"
+    assert list(unsup.templates) == ["This sentence : '[X]' means [MASK] .", "The sentence : '[X]' means [MASK] ."]
+    assert list(sup.templates) == ["This sentence : '[X]' means [MASK] ."]
+    assert opti.template == "This sentence : '[X]' means [MASK] ."
+
+
+def test_remove_biases_keeps_word_initial_byte_level_tokens(tiny_roberta):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_roberta)
+    pooler = RemoveBiasesPooler()
+    pooler.bind_tokenizer(tokenizer)
+    sentence = "A child reads in the café in Zürich, Mr. Smith said."
+    ids = tokenizer(sentence)["input_ids"]
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    kept = [token for token, i in zip(tokens, ids, strict=True) if pooler.keep_vocab[i]]
+    # word starts (`Ġ` = a byte-level space) and accented words stay; the frequent list, punctuation, cased words
+    # and sentence-initial capitals go, as with BERT
+    assert kept == ["Ġchild", "Ġreads", "ĠcafÃ©"]
+    assert {"A", "Ġin", "Ġthe", ",", "ĠMr", ".", "ĠSmith", "Ġsaid"} <= set(tokens)
+    space = tokenizer.convert_tokens_to_ids("Ġ")
+    assert not pooler.keep_vocab[space]  # a bare space is no word
+
+    encoder = Encoder(str(tiny_roberta), device="cpu", progress=False)
+    got = encoder.embed([sentence], [pooler])[pooler.name][0]
+    table = encoder.transformer.get_input_embeddings().weight.detach().numpy()
+    expected = np.mean([table[i] for i in ids if pooler.keep_vocab[i]], axis=0)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_denoising_counts_positions_from_padding_idx_plus_one(tiny_roberta, name):
+    """The bias of every template the recipe denoises with equals a direct forward of the template alone whose
+    position ids start at 2 and skip the n sentence tokens; starting at 0 would give another bias."""
+    module = recipe_module(name, tiny_roberta, "module.denoise=true").eval()
+    model, tokenizer = module.transformer, module.tokenizer
+    assert position_base(model) == 2
+    lengths = torch.tensor([1, 4, 9, 4])
+    for builder in module.builders:
+        with torch.no_grad():
+            got = module.compute_template_biases([builder], [lengths])[0][model.config.num_hidden_layers]
+        for row, n in enumerate(lengths.tolist()):
+            torch.testing.assert_close(got[row], direct_bias(model, tokenizer, builder, n, base=2), atol=1e-5,
+                                       rtol=1e-5)
+        assert (got[0] - direct_bias(model, tokenizer, builder, 1, base=0)).abs().max() > 1e-3
+
+
+def test_denoised_embedding_is_the_sentence_mask_state_minus_the_aligned_bias(tiny_roberta):
+    """Supervised recipe, end to end: g(h_mask(sentence, RoBERTa's own positions)) − g(h_mask(template alone at the
+    positions it has next to the sentence))."""
+    module = recipe_module("promptbert_sup_roberta", tiny_roberta).eval()
+    model, tokenizer, builder = module.transformer, module.tokenizer, module.builders[0]
+    sentence = "two dogs run in a field"
+    item = builder.build([sentence])[0]
+    with torch.no_grad():
+        got = module.pooled([sentence], builder, module.pooler)[0]
+        hidden = model(torch.tensor([item.input_ids])).last_hidden_state[0]  # positions 2, 3, ... from the model
+        mask = hidden[[t for t, i in enumerate(item.input_ids) if i == tokenizer.mask_token_id]].mean(0)
+        expected = module.head(mask) - module.head(direct_bias(model, tokenizer, builder, item.sentence_length, 2))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_supervised_head_starts_from_roberta_lm_head(tiny_roberta):
+    module = recipe_module("promptbert_sup_roberta", tiny_roberta)
+    lm_head = RobertaForMaskedLM.from_pretrained(tiny_roberta).lm_head
+    assert module.head_initialised_from_checkpoint
+    for ours, theirs in ((module.head.dense, lm_head.dense), (module.head.layer_norm, lm_head.layer_norm)):
+        torch.testing.assert_close(ours.weight, theirs.weight, rtol=0, atol=0)
+        torch.testing.assert_close(ours.bias, theirs.bias, rtol=0, atol=0)
+    assert (module.head.layer_norm.weight - 1).abs().max() > 0.01  # the checkpoint's values, not a fresh init
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_export_round_trip(tiny_roberta, tmp_path, name):
+    """One optimiser step on the recipe, its checkpoint exported: sentence-transformers, the export directory and the
+    checkpoint itself all give the framework's evaluation embeddings."""
+    module = recipe_module(name, tiny_roberta, "module.lr=1e-3")
+    batch = TRIPLETS if "sup" in name.split("_") else [s for s in SENTENCES if len(s) < 100]
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module, DataLoader([batch], batch_size=None, collate_fn=lambda b: b))
+    ckpt = tmp_path / "step1.ckpt"
+    trainer.save_checkpoint(ckpt)
+    reference = framework_embeddings(load_module_checkpoint(ckpt).module, SENTENCES)
+    out = export_checkpoint(ckpt, tmp_path / "export")
+    for got in (sentence_transformer(out).encode(SENTENCES, batch_size=3, convert_to_numpy=True),
+                load_encoder(out).encode(SENTENCES), load_encoder(ckpt).encode(SENTENCES)):
+        assert np.abs(got - reference).max() <= TOL
