@@ -8,11 +8,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from common.errors import DataError
-from data.tasks import load_registry
+from data.tasks import CLUSTERING_SUITE, TRANSFER_SUITE, get_tasks
 
 NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
-#: Sentences never trained on: every STS test set, STS-B dev (model selection) and SICK-R test.
-HELD_OUT_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "STSBenchmark-dev", "SICKRelatedness")
+#: Sentences never trained on: every STS test set, STS-B dev (model selection), SICK-R test, and every sentence of
+#: every transfer and clustering task (all splits: a transfer score depends on its classifier's training text too).
+HELD_OUT_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "STSBenchmark-dev", "SICKRelatedness",
+                  *TRANSFER_SUITE, *CLUSTERING_SUITE)
 
 
 def normalise_for_matching(sentence: str) -> str:
@@ -20,11 +22,15 @@ def normalise_for_matching(sentence: str) -> str:
 
 
 def held_out_sentences(root: Path, tasks: Iterable[str] = HELD_OUT_TASKS) -> set[str]:
-    registry = load_registry()
+    """Normalised sentences of `tasks` (task names or groups such as `transfer`), any family."""
     held = set()
-    for name in tasks:
-        pairs = registry[name].load(root)
-        held.update(normalise_for_matching(s) for s in pairs.sentences1 + pairs.sentences2)
+    for spec in get_tasks(list(tasks)):
+        if spec.family == "sts":
+            pairs = spec.load(root)
+            held.update(normalise_for_matching(s) for s in pairs.sentences1 + pairs.sentences2)
+        else:
+            for split in spec.load_labeled(root).values():
+                held.update(normalise_for_matching(s) for s in split.all_sentences())
     return held
 
 
