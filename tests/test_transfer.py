@@ -23,7 +23,7 @@ from evaluation.transfer import (
     split,
 )
 
-TINY = ClassifierConfig(kfold=3, batch_size=8, tenacity=2, epoch_size=2, max_epoch=12, l2_grid=(1e-4, 1e-1))
+TINY = ClassifierConfig(kfold=3, batch_size=8, tenacity=2, epoch_size=2, max_epoch=8, l2_grid=(1e-4, 1e-1))
 
 
 def plain_classifier(x: np.ndarray, y: np.ndarray, classes: int, l2: float, config: ClassifierConfig,
@@ -160,3 +160,78 @@ def test_bad_input():
     rows = np.arange(20)
     with pytest.raises(DataError, match="no training or no early-stopping rows"):
         fit_probes(torch.from_numpy(x), torch.from_numpy(y), 3, [probe_on(rows, rows[:0], 1e-3, TINY)], TINY)
+
+
+def write_mini_labeled(root, registry_path) -> None:
+    """Add a tiny CV transfer task and a tiny clustering task to a mini SentEval registry."""
+    import yaml
+
+    from tests.helpers import sha256
+
+    words = ["good", "great", "fine", "nice", "bad", "awful", "poor", "sad"]
+    (root / "downstream/MINI").mkdir(parents=True)
+    pos = root / "downstream/MINI/mini.pos"
+    neg = root / "downstream/MINI/mini.neg"
+    pos.write_text("".join(f"a {w} movie number {i}\n" for i in range(12) for w in words[:1 + i % 4]), "latin-1")
+    neg.write_text("".join(f"a {words[4 + i % 4]} film number {i}\n" for i in range(12)), "latin-1")
+    size = len(pos.read_text().splitlines()) + len(neg.read_text().splitlines())
+    clu = root / "clustering/mini.txt"
+    clu.parent.mkdir(parents=True)
+    clu.write_text("".join(f"{1 + i % 2}\t{'cats and dogs' if i % 2 else 'stocks and bonds'} {i}\r\n"
+                           for i in range(20)))
+    registry = yaml.safe_load(registry_path.read_text())
+    registry["tasks"]["MINITR"] = {
+        "family": "transfer", "format": "binary", "protocol": "inner_kfold", "split": "cv", "size": size,
+        "main_score": "accuracy", "encoding": "latin-1",
+        "positive": {"path": "downstream/MINI/mini.pos", "sha256": sha256(pos)},
+        "negative": {"path": "downstream/MINI/mini.neg", "sha256": sha256(neg)}}
+    registry["tasks"]["MINICL"] = {
+        "family": "clustering", "format": "clustering", "split": "all", "size": 20, "classes": 2,
+        "main_score": "accuracy", "max_sentence_tokens": 4,
+        "file": {"path": "clustering/mini.txt", "sha256": sha256(clu)}}
+    registry_path.write_text(yaml.safe_dump(registry, sort_keys=False))
+
+
+def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
+    import json
+
+    from encoder.model import Encoder
+    from poolers import build_poolers
+    from tests.test_evaluate_cli import evaluate
+
+    root, registry = mini_data
+    write_mini_labeled(root, registry)
+    out = tmp_path / "out"
+    proc = evaluate(f"model.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={out}",
+                    "tasks=[MINI12,MINITR,MINICL]", "poolers=[mean,cls]", "post=[zscore]",
+                    "+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+transfer_args.l2_grid=[0.001,0.01]",
+                    "+clustering_args.trials=2", "+clustering_args.n_init=2", data_root=root)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["families"]) == ["sts", "transfer", "clustering"]
+    assert results["scores"] == results["families"]["sts"]["scores"]
+    for family, task in (("transfer", "MINITR"), ("clustering", "MINICL")):
+        table = results["families"][family]["scores"]
+        assert set(table) == {"mean", "cls", "mean+zscore(T)", "cls+zscore(T)"}
+        assert table["mean"]["avg"] == table["mean"][task]
+        assert (out / f"results_{family}.png").is_file()
+    assert results["provenance"]["tasks"]["MINICL"]["max_sentence_tokens"] == 4
+    md = (out / "results.md").read_text()
+    assert "## STS" in md and "## SentEval transfer" in md and "## Short-text clustering" in md
+
+    # the transfer score is the library evaluator's on the library encoder's embeddings
+    from data.tasks import load_registry
+    from evaluation.transfer import ClassifierConfig, TransferData, evaluate_transfer
+
+    spec = load_registry(registry)["MINITR"]
+    split = spec.load_labeled(root)["all"]
+    embeddings = Encoder(str(tiny_bert)).embed(split.sentences, build_poolers(["mean"]))["mean"]
+    data = TransferData("inner_kfold", {"all": {"left": np.arange(len(split)), "right": None,
+                                                "labels": split.labels}}, classes=2)
+    expected = evaluate_transfer(data, embeddings, ClassifierConfig(kfold=2, max_epoch=4, l2_grid=(0.001, 0.01)))
+    assert results["families"]["transfer"]["details"]["mean"]["MINITR"]["accuracy"] == expected["accuracy"]
+    assert results["families"]["transfer"]["details"]["mean"]["MINITR"]["l2"] == expected["l2"]
+
+    bad = evaluate(f"model.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={tmp_path / 'x'}",
+                   "tasks=[MINITR]", "+transfer_args.folds=3", data_root=root)
+    assert bad.returncode == 2 and "unknown transfer_args field(s) folds" in bad.stderr
