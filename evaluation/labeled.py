@@ -88,7 +88,8 @@ def evaluate_labeled(
 ) -> dict:
     """Score every pooler (raw and with each post-processor) on transfer/clustering `tasks` (one family); the result
     has the shape of `evaluate_sts`'s: {"scores": {label: {task: main x100, "avg"}}, "details", "post_processing",
-    "poolers", "fit_corpora", "tasks", "unique_sentences"}, plus "timing" {"encode_s", "score_s"}."""
+    "poolers", "fit_corpora", "tasks", "unique_sentences"}, plus "timing": wall and process-CPU seconds of encoding
+    and of classifier / k-means scoring."""
     transfer_config, clustering_config = transfer_config or ClassifierConfig(), clustering_config or ClusteringConfig()
     corpora = corpora or Corpora(root, {spec.name: spec for spec in tasks})
     check_scoring(encoder, poolers, template, bool(posts), fit_corpus, corpora)
@@ -98,7 +99,7 @@ def evaluate_labeled(
     for spec, splits in loaded_splits:
         groups.setdefault(effective_truncation(spec, max_sentence_tokens), []).append((spec, splits))
     merged: dict = {"details": {}, "post_processing": {}, "poolers": {}, "tasks": {}}
-    unique, encode_s, score_s = 0, 0.0, 0.0
+    unique, encode_s, score_s, encode_cpu, score_cpu = 0, 0.0, 0.0, 0.0, 0.0
     for truncation, members in groups.items():
         index = SentenceIndex()
         loaded = [LabeledTask.indexed(spec, splits, index) for spec, splits in members]
@@ -108,18 +109,18 @@ def evaluate_labeled(
         plans = plan_poolers(poolers, loaded, lambda task, index=index: [index.sentences[i] for i in task_rows(task)],
                              fit_corpus, corpora, encoder.tokenizer)
         instances = [instance for plan in plans for instance in plan.instances]
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         embeddings = encoder.embed(index.sentences, instances, template, sentence_rule, truncation)
-        encode_s += time.perf_counter() - started
+        encode_s, encode_cpu = encode_s + time.perf_counter() - started, encode_cpu + time.process_time() - cpu
         pooled = [PooledEmbeddings(plan.label, shared=None if plan.per_task else embeddings[plan.pooler.name],
                                    per_task={task: embeddings[p.name] for task, p in plan.per_task.items()})
                   for plan in plans]
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         result = score_variants(
             loaded, pooled,
             lambda task, emb: score_labeled_task(task, emb, transfer_config, clustering_config),
             posts, fit_corpus, reference_rows, main_key="accuracy")
-        score_s += time.perf_counter() - started
+        score_s, score_cpu = score_s + time.perf_counter() - started, score_cpu + time.process_time() - cpu
         for label, per_task in result["details"].items():
             merged["details"].setdefault(label, {}).update(per_task)
         merged["post_processing"].update(result["post_processing"] or {})
@@ -142,4 +143,6 @@ def evaluate_labeled(
     return {"scores": scores, "details": merged["details"], "analysis": None,
             "post_processing": merged["post_processing"] or None, "poolers": merged["poolers"],
             "fit_corpora": corpora.sources, "tasks": merged["tasks"], "unique_sentences": unique,
-            "protocol": protocol, "timing": {"encode_s": round(encode_s, 2), "score_s": round(score_s, 2)}}
+            "protocol": protocol, "timing": {"encode_s": round(encode_s, 2), "score_s": round(score_s, 2),
+                                                     "encode_cpu_s": round(encode_cpu, 2),
+                                                     "score_cpu_s": round(score_cpu, 2)}}
