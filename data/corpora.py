@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 
 from common.errors import DataError
@@ -21,9 +22,15 @@ def normalise_for_matching(sentence: str) -> str:
     return " ".join(sentence.lower().split())
 
 
-def held_out_sentences(root: Path, tasks: Iterable[str] = HELD_OUT_TASKS) -> set[str]:
+def held_out_sentences(root: Path, tasks: Iterable[str] = HELD_OUT_TASKS) -> frozenset[str]:
     """Normalised sentences of `tasks` (task names or groups such as `transfer`), any family."""
+    return _held_out(str(root), tuple(tasks))
+
+
+@cache  # read once per process: every datamodule of a test session or a sweep filters against the same sets
+def _held_out(root: str, tasks: tuple[str, ...]) -> frozenset[str]:
     held = set()
+    root = Path(root)
     for spec in get_tasks(list(tasks)):
         if spec.family == "sts":
             pairs = spec.load(root)
@@ -31,7 +38,7 @@ def held_out_sentences(root: Path, tasks: Iterable[str] = HELD_OUT_TASKS) -> set
         else:
             for split in spec.load_labeled(root).values():
                 held.update(normalise_for_matching(s) for s in split.all_sentences())
-    return held
+    return frozenset(held)
 
 
 def read_text_lines(paths: Iterable[Path], encoding_errors: str = "replace") -> list[str]:

@@ -162,25 +162,25 @@ def fit_probes(features: torch.Tensor, labels: torch.Tensor, classes: int, probe
         mw, vw, mb, vb, t = m_w[act], v_w[act], m_b[act], v_b[act], steps[act]
         decay = l2[act]
         for _ in range(config.epoch_size):
-            batches = []
-            for m in active:
-                order = probes[m].train[probes[m].rng.permutation(len(probes[m].train))]
-                batches.append([order[i:i + bs] for i in range(0, len(order), bs)])
-            for j in range(max(len(batch) for batch in batches)):
-                rows = np.zeros((len(active), bs), dtype=np.int64)
-                sizes = np.zeros(len(active), dtype=np.int64)
-                for k, batch in enumerate(batches):
-                    if j < len(batch):
-                        sizes[k] = len(batch[j])
-                        rows[k, : sizes[k]] = batch[j]
-                live = torch.as_tensor(sizes > 0)
-                mask = (torch.arange(bs)[None, :] < torch.as_tensor(sizes)[:, None]).to(features.dtype)
-                x = features[torch.as_tensor(rows)]  # [M, bs, d]
-                y = labels[torch.as_tensor(rows)]
+            # one pass: each model's rows in its own permutation; batch j of model k = grid[k, j] (-1 = padding)
+            longest = max(len(probes[m].train) for m in active)
+            grid = np.full((len(active), -(-longest // bs) * bs), -1, dtype=np.int64)
+            for k, m in enumerate(active):
+                grid[k, : len(probes[m].train)] = probes[m].train[probes[m].rng.permutation(len(probes[m].train))]
+            grid = torch.from_numpy(grid.reshape(len(active), -1, bs))
+            valid = grid >= 0
+            batch_sizes = valid.sum(2)
+            grid = grid.clamp(min=0)
+            for j in range(grid.shape[1]):
+                sizes = batch_sizes[:, j]
+                live = sizes > 0
+                mask = valid[:, j].to(features.dtype)
+                x = features[grid[:, j]]  # [M, bs, d]
+                y = labels[grid[:, j]]
                 logits = torch.baddbmm(b[:, None, :], x, w)
                 grad_logits = torch.softmax(logits, dim=2)
                 grad_logits.scatter_add_(2, y[:, :, None], -torch.ones_like(y[:, :, None], dtype=features.dtype))
-                grad_logits *= (mask / torch.as_tensor(np.maximum(sizes, 1), dtype=features.dtype)[:, None])[..., None]
+                grad_logits *= (mask / sizes.clamp(min=1).to(features.dtype)[:, None])[..., None]
                 grad_w = torch.bmm(x.transpose(1, 2), grad_logits) + decay[:, None, None] * w
                 grad_b = grad_logits.sum(1) + decay[:, None] * b
                 t = t + live.double()

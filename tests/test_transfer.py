@@ -92,20 +92,21 @@ def test_batched_probes_equal_plain_classifiers():
 
 
 def test_inner_kfold_matches_nested_plain_recomputation():
-    x, y = blobs(n=72, classes=2, seed=1)
-    result = inner_kfold(torch.from_numpy(x), torch.from_numpy(y), 2, TINY)
-    outer = StratifiedKFold(TINY.kfold, shuffle=True, random_state=TINY.seed)
+    x, y = blobs(n=64, classes=2, seed=1)
+    config = ClassifierConfig(kfold=2, batch_size=8, tenacity=1, epoch_size=2, max_epoch=6, l2_grid=(1e-4, 3e-1))
+    result = inner_kfold(torch.from_numpy(x), torch.from_numpy(y), 2, config)
+    outer = StratifiedKFold(config.kfold, shuffle=True, random_state=config.seed)
     chosen, test_scores = [], []
     for train, test in outer.split(x, y):
         scores = []
-        for l2 in TINY.l2_grid:
-            inner = StratifiedKFold(TINY.kfold, shuffle=True, random_state=TINY.seed).split(x[train], y[train])
+        for l2 in config.l2_grid:
+            inner = StratifiedKFold(config.kfold, shuffle=True, random_state=config.seed).split(x[train], y[train])
             scores.append(round(100 * np.mean([
-                plain_classifier(x[train][a], y[train][a], 2, l2, TINY, (x[train][b], y[train][b]))[1]
+                plain_classifier(x[train][a], y[train][a], 2, l2, config, (x[train][b], y[train][b]))[1]
                 for a, b in inner]), 2))
-        l2 = TINY.l2_grid[int(np.argmax(scores))]
+        l2 = config.l2_grid[int(np.argmax(scores))]
         chosen.append(l2)
-        model, _ = plain_classifier(x[train], y[train], 2, l2, TINY)
+        model, _ = plain_classifier(x[train], y[train], 2, l2, config)
         test_scores.append(round(100 * plain_accuracy(model, x[test], y[test]), 2))
     assert result["l2"] == chosen
     assert result["fold_accuracy"] == test_scores
