@@ -183,15 +183,23 @@ def fit_probes(features: torch.Tensor, labels: torch.Tensor, classes: int, probe
                 grad_logits *= (mask / sizes.clamp(min=1).to(features.dtype)[:, None])[..., None]
                 grad_w = torch.bmm(x.transpose(1, 2), grad_logits) + decay[:, None, None] * w
                 grad_b = grad_logits.sum(1) + decay[:, None] * b
-                t = t + live.double()
+                every = bool(live.all())  # all but a pass's last batch or so: no model sits out
+                t = t + (1.0 if every else live.double())
                 # bias corrections in float64, as torch's Adam computes them in Python floats
-                step_size = torch.where(live, config.learning_rate / (1 - beta1 ** t), 0.0).to(features.dtype)
+                step_size = (config.learning_rate / (1 - beta1 ** t)).to(features.dtype)
                 bias2_sqrt = (1 - beta2 ** t).sqrt().to(features.dtype)
+                if not every:
+                    step_size = torch.where(live, step_size, 0.0)
+                    bias2_sqrt = torch.where(live, bias2_sqrt, 1.0)
                 for param, grad, avg, avg_sq, shape in ((w, grad_w, mw, vw, (-1, 1, 1)), (b, grad_b, mb, vb, (-1, 1))):
-                    keep = live.view(shape)
-                    avg.copy_(torch.where(keep, avg.lerp(grad, 1 - beta1), avg))
-                    avg_sq.copy_(torch.where(keep, avg_sq * beta2 + (1 - beta2) * grad * grad, avg_sq))
-                    denom = avg_sq.sqrt() / torch.where(keep, bias2_sqrt.view(shape), 1.0) + config.eps
+                    if every:
+                        avg.lerp_(grad, 1 - beta1)
+                        avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                    else:  # a model without a batch at this step keeps its moments (and takes a zero step)
+                        keep = live.view(shape)
+                        avg.copy_(torch.where(keep, avg.lerp(grad, 1 - beta1), avg))
+                        avg_sq.copy_(torch.where(keep, avg_sq * beta2 + (1 - beta2) * grad * grad, avg_sq))
+                    denom = (avg_sq.sqrt() / bias2_sqrt.view(shape)).add_(config.eps)
                     param.sub_(step_size.view(shape) * avg / denom)
         nepoch += config.epoch_size
         accuracy = _dev_accuracies(features, labels, w, b, [probes[m].dev for m in active])
