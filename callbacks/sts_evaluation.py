@@ -3,7 +3,8 @@
 * every `every_n_steps` optimiser steps (and once before training): STS-B dev with the module's evaluation poolers
   ([MASK] and avg at least) plus `dev_poolers`, logged as `val/stsb_dev/<pooler>` so ModelCheckpoint can select on
   it;
-* at the end of fit: the best checkpoint (by the monitored metric) on the 7 STS tasks with the module's poolers AND
+* at the end of fit: the best checkpoint (by the monitored metric) on `final_tasks` (default the 7 STS tasks; task
+  groups `transfer` / `clustering` add those families) with the module's poolers AND
   every configured training-free pooler (`poolers`, e.g. [mean, first_last, ditto, sbert_wk, idf]), each raw and
   through every post-processor in `post` (fitted on `fit_corpus`), all from one forward pass per input form;
   written as results.json, results.md and results.png, plus the dev curve (curve.json / curve.png).
@@ -32,6 +33,7 @@ from evaluation.corpora import TARGET, Corpora
 from evaluation.plots import plot_curve
 from evaluation.report import attach_scoring_details, scoring_provenance, write_report
 from evaluation.sts import check_scoring, evaluate_sts
+from evaluation.suite import evaluate_tasks
 from evaluation.wandb_tables import log_sts_tables
 from lightning_modules.checkpoint import load_memory_mapped
 from poolers import build_poolers
@@ -120,7 +122,9 @@ class STSEvaluationCallback(pl.Callback):
         extra = self.dev_extra_poolers if extra_poolers is None else extra_poolers
         with self._scoring(module, extra) as (encoder, poolers):
             corpora = self._corpora()
-            result = evaluate_sts(
+            # the final scoring may name any task family or group (`final_tasks: [sts, transfer, clustering]`)
+            scorer = evaluate_tasks if final else evaluate_sts
+            result = scorer(
                 encoder, get_tasks(tasks), corpora.root, poolers, module.eval_template, module.hparams.sentence_rule,
                 posts=self.posts if final else (), fit_corpus=self.fit_corpus, corpora=corpora,
                 analyse=analyse_task if final and self.analysis else None,
@@ -249,7 +253,8 @@ class STSEvaluationCallback(pl.Callback):
                                    best_dev=float(best_score) if best_score is not None else None)
         provenance.update(wall_time_s=round(time.perf_counter() - started, 2), **self.provenance)
         write_report(self.output_dir, {"scores": result["scores"], "details": result["details"],
-                                       "analysis": result["analysis"], "provenance": provenance})
+                                       "analysis": result["analysis"], "families": result["families"],
+                                       "provenance": provenance})
         log.info("final scores written to %s", self.output_dir / "results.md")
         log_sts_tables(trainer.loggers, result, step=trainer.global_step, image_path=self.output_dir / "results.png")
 

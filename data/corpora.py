@@ -6,28 +6,41 @@ import csv
 import io
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 
 from common.errors import DataError
 from data.readers import read_utf8_text
-from data.tasks import load_registry
+from data.tasks import CLUSTERING_SUITE, TRANSFER_SUITE, get_tasks
 
 NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
-#: Sentences never trained on: every STS test set, STS-B dev (model selection) and SICK-R test.
-HELD_OUT_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "STSBenchmark-dev", "SICKRelatedness")
+#: Sentences never trained on: every STS test set, STS-B dev (model selection), SICK-R test, and every sentence of
+#: every transfer and clustering task (all splits: a transfer score depends on its classifier's training text too).
+HELD_OUT_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "STSBenchmark-dev", "SICKRelatedness",
+                  *TRANSFER_SUITE, *CLUSTERING_SUITE)
 
 
 def normalise_for_matching(sentence: str) -> str:
     return " ".join(sentence.lower().split())
 
 
-def held_out_sentences(root: Path, tasks: Iterable[str] = HELD_OUT_TASKS) -> set[str]:
-    registry = load_registry()
+def held_out_sentences(root: Path, tasks: Iterable[str] = HELD_OUT_TASKS) -> frozenset[str]:
+    """Normalised sentences of `tasks` (task names or groups such as `transfer`), any family."""
+    return _held_out(str(root), tuple(tasks))
+
+
+@cache  # read once per process: every datamodule of a test session or a sweep filters against the same sets
+def _held_out(root: str, tasks: tuple[str, ...]) -> frozenset[str]:
     held = set()
-    for name in tasks:
-        pairs = registry[name].load(root)
-        held.update(normalise_for_matching(s) for s in pairs.sentences1 + pairs.sentences2)
-    return held
+    root = Path(root)
+    for spec in get_tasks(list(tasks)):
+        if spec.family == "sts":
+            pairs = spec.load(root)
+            held.update(normalise_for_matching(s) for s in pairs.sentences1 + pairs.sentences2)
+        else:
+            for split in spec.load_labeled(root).values():
+                held.update(normalise_for_matching(s) for s in split.all_sentences())
+    return frozenset(held)
 
 
 def read_text_lines(paths: Iterable[Path]) -> list[str]:

@@ -6,13 +6,16 @@ from pathlib import Path
 
 from common.io import atomic_write
 
-TASK_ABBREVIATIONS = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
+TASK_ABBREVIATIONS = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "googlenews-TS": "GN-TS",
+                      "googlenews-T": "GN-T", "googlenews-S": "GN-S", "searchsnippets": "snippets",
+                      "stackoverflow": "stackov."}
 
 
 MAX_BAR_ROWS = 4
 
 
-def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str) -> Path:
+def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str,
+                axis_label: str = "Spearman x100 (cosine)") -> Path:
     """Grouped bars (one group per task, one bar per row) for up to 4 rows; beyond that an annotated heatmap
     (rows x tasks), which stays readable for the 20-odd rows of a poolers x post-processors run."""
     import matplotlib
@@ -30,7 +33,7 @@ def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str) -> 
             bars = ax.bar(xs, [row[task] for task in tasks], width, label=pooler)
             ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
         ax.set_xticks(range(len(tasks)), labels)
-        ax.set_ylabel("Spearman x100 (cosine)")
+        ax.set_ylabel(axis_label)
         ax.set_ylim(min(0.0, *(v for row in scores.values() for v in row.values())), 100)
         ax.legend(fontsize=8, ncol=len(scores), loc="upper left")
     else:
@@ -44,7 +47,7 @@ def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str) -> 
         ax.set_xticks(range(len(tasks)), labels)
         ax.set_yticks(range(len(scores)), list(scores), fontsize=8)
         ax.xaxis.tick_top()
-        fig.colorbar(image, ax=ax, label="Spearman x100 (cosine)", fraction=0.04)
+        fig.colorbar(image, ax=ax, label=axis_label, fraction=0.04)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))

@@ -106,21 +106,48 @@ def analysis_table(analysis: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Per family: markdown heading, protocol line, the PNG's y-axis label.
+FAMILY_REPORT = {
+    "sts": ("STS", "cosine, Spearman x100, SentEval 'all' setting", "Spearman x100 (cosine)"),
+    "transfer": ("SentEval transfer", "frozen embeddings, SentEval's linear classifier (nhid=0, Adam, L2 picked by "
+                 "SentEval's validation per task, seed 1111), test accuracy x100 (MRPC F1 in results.json)",
+                 "accuracy x100"),
+    "clustering": ("Short-text clustering", "KMeans(k = #labels, n_init=10), seeds 0..9, Hungarian accuracy x100 "
+                   "(mean; std and NMI in results.json)", "clustering accuracy x100"),
+}
+
+
+def plot_name(family: str) -> str:
+    """results.png for STS (as before), results_<family>.png for the other families."""
+    return "results.png" if family == "sts" else f"results_{family}.png"
+
+
 def write_report(output_dir: Path, results: dict) -> tuple[Path, Path]:
-    """Write results.json, results.md and results.png; return the JSON and markdown paths."""
+    """Write results.json, results.md (one table per task family) and one PNG per family; return the JSON and
+    markdown paths."""
     output_dir = Path(output_dir)
     json_path = atomic_write_json(output_dir / "results.json", results)
     prov = results["provenance"]
+    families = results.get("families") or {"sts": {"scores": results["scores"]}}
+    title = " + ".join(FAMILY_REPORT[family][0] for family in families)
     header = (
-        f"# STS results\n\nmodel: `{prov['model']['name_or_path']}`  \n"
+        f"# {title} results\n\nmodel: `{prov['model']['name_or_path']}`  \n"
         f"template: `{prov['input']['template']}` (sentence rule: {prov['input']['sentence_rule']})  \n"
         f"post-processing: {post_summary(prov)}  \n"
-        f"protocol: cosine, Spearman x100, SentEval 'all' setting; seed {prov['seed']}\n\n"
+        f"seed {prov['seed']}\n\n"
     )
-    body = markdown_table(results["scores"])
-    if results.get("analysis"):
-        body += "\n" + analysis_table(results["analysis"])
-    md_path = atomic_write_text(output_dir / "results.md", header + body)
+    body = ""
     template = prov["input"]["template"] or "no template"
-    plot_scores(results["scores"], output_dir / "results.png", f"{prov['model']['name_or_path']} | {template}")
+    for family, family_result in families.items():
+        heading, protocol, axis = FAMILY_REPORT[family]
+        timing = family_result.get("timing") or {}
+        seconds = "; ".join(f"{key.removesuffix('_s')} {value:.1f} s" for key, value in timing.items())
+        wall = f"  \nwall time: {seconds}" if seconds else ""
+        body += f"## {heading}\n\nprotocol: {protocol}{wall}\n\n"
+        body += markdown_table(family_result["scores"]) + "\n"
+        plot_scores(family_result["scores"], output_dir / plot_name(family),
+                    f"{prov['model']['name_or_path']} | {template} | {heading}", axis_label=axis)
+    if results.get("analysis"):
+        body += analysis_table(results["analysis"])
+    md_path = atomic_write_text(output_dir / "results.md", header + body)
     return json_path, md_path

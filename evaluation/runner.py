@@ -19,6 +19,7 @@ from data.tasks import REGISTRY_FILE, get_tasks, load_registry
 from encoder.model import Encoder, combine_needs
 from encoder.template import SENTENCE_RULES, Template
 from evaluation.analysis import analyse_task
+from evaluation.clustering import ClusteringConfig
 from evaluation.corpora import TARGET, Corpora
 from evaluation.report import (
     attach_scoring_details,
@@ -27,7 +28,8 @@ from evaluation.report import (
     software_versions,
     write_report,
 )
-from evaluation.sts import evaluate_sts
+from evaluation.suite import evaluate_tasks
+from evaluation.transfer import ClassifierConfig
 from poolers import build_pooler, build_poolers
 from poolers.fitted import CorpusFittedPooler
 from postprocessing import build_posts
@@ -68,9 +70,22 @@ def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poo
     }
 
 
+def protocol_config(kind, overrides, key: str):
+    """`ClassifierConfig` / `ClusteringConfig` with the config's overrides (an unknown field is a config error)."""
+    values = OmegaConf.to_container(overrides) if overrides else {}
+    valid = list(kind.__dataclass_fields__)
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown {key} field(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    return kind(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
+
+
 def score(cfg: DictConfig) -> dict:
-    """Score every configured pooler on every configured task; write results.json and results.md."""
+    """Score every configured pooler on every configured task (STS, transfer, clustering, mixed); write
+    results.json, results.md and one PNG per task family."""
     seed_everything(int(cfg.seed))
+    transfer_config = protocol_config(ClassifierConfig, cfg.get("transfer_args"), "transfer_args")
+    clustering_config = protocol_config(ClusteringConfig, cfg.get("clustering_args"), "clustering_args")
     template = build_template(cfg)
     poolers = build_poolers(list(cfg.poolers), OmegaConf.to_container(cfg.pooler_args))
     posts = build_posts(list(cfg.post), OmegaConf.to_container(cfg.post_args))
@@ -81,18 +96,20 @@ def score(cfg: DictConfig) -> dict:
     corpora.check_label(str(cfg.fit_corpus))
     started, versions = time.perf_counter(), software_versions()
     encoder = build_encoder(cfg, poolers)
-    result = evaluate_sts(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens,
-                          posts=posts, fit_corpus=str(cfg.fit_corpus), corpora=corpora,
-                          analyse=analyse_task if cfg.analysis else None)
+    result = evaluate_tasks(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens,
+                            posts=posts, fit_corpus=str(cfg.fit_corpus), corpora=corpora,
+                            analyse=analyse_task if cfg.analysis else None, transfer_config=transfer_config,
+                            clustering_config=clustering_config)
     prov = attach_scoring_details(provenance(cfg, encoder, template, poolers, int(cfg.seed), versions), result,
                                   str(cfg.fit_corpus))
     prov["data_root"] = str(root)
     prov["forward_sequences"] = encoder.stats.forward_sequences
     prov["wall_time_s"] = round(time.perf_counter() - started, 2)
     results = {"scores": result["scores"], "details": result["details"], "analysis": result["analysis"],
-               "provenance": prov}
+               "families": result["families"], "provenance": prov}
     json_path, md_path = write_report(Path(cfg.output_dir), results)
-    print(markdown_table(results["scores"]), end="")
+    for family, family_result in results["families"].items():
+        print(f"{family}:\n{markdown_table(family_result['scores'])}", end="")
     print(f"wall time {prov['wall_time_s']:.1f} s; wrote {json_path} and {md_path}")
     return results
 

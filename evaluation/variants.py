@@ -54,13 +54,14 @@ def score_variants(
     fit_corpus: str = TARGET,
     reference_rows: np.ndarray | None = None,
     analyse: Callable | None = None,
+    main_key: str = "spearman",
 ) -> dict:
     """Scores of every pooler, raw and with each post-processor, on every task.
 
     `tasks` are IndexedTasks (rows into the embedding arrays); `score_task(task, embeddings)` returns the task's
     score record; post-processors are fitted on the task's own rows when `fit_corpus` is "T", else on
     `reference_rows` (the corpus' sentences, encoded in the same pass). `analyse(task, embeddings)` (optional)
-    returns extra metrics per variant and task.
+    returns extra metrics per variant and task. `main_key` names the score record's main score (the table value).
     Returns {"scores": {label: {task: x100, "avg"}}, "details": {...}, "post_processing": {label: record},
     "analysis": {label: {task: metrics}} or None}.
     """
@@ -86,7 +87,7 @@ def score_variants(
                     analysis.setdefault(label, {})[name] = analyse(task, emb)
     scores = {}
     for label, per_task in details.items():
-        main = {name: record["spearman"] for name, record in per_task.items()}
+        main = {name: record[main_key] for name, record in per_task.items()}
         scores[label] = {**main, "avg": float(np.mean(list(main.values())))}
     return {"scores": scores, "details": details, "post_processing": post_records or None,
             "analysis": analysis or None}

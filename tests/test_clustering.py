@@ -1,0 +1,124 @@
+"""Clustering evaluator against brute force; labelled-task readers, registry groups and their bad-input errors."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+
+from common.errors import ConfigError, DataError
+from data.labeled import read_clustering
+from data.tasks import TASK_GROUPS, TaskSpec, get_tasks, load_registry
+from evaluation.clustering import ClusteringConfig, evaluate_clustering, hungarian_accuracy
+
+
+def brute_force_accuracy(predicted: np.ndarray, gold: np.ndarray) -> float:
+    """Best accuracy over every one-to-one map of cluster ids to label ids."""
+    size = int(max(predicted.max(), gold.max())) + 1
+    best = 0
+    for mapping in itertools.permutations(range(size)):
+        best = max(best, int(sum(mapping[p] == g for p, g in zip(predicted, gold))))
+    return best / len(gold)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
+def test_hungarian_accuracy_equals_brute_force(k):
+    rng = np.random.default_rng(k)
+    for _ in range(5):
+        gold = rng.integers(0, k, size=23)
+        predicted = rng.integers(0, k, size=23)
+        assert hungarian_accuracy(predicted, gold) == pytest.approx(brute_force_accuracy(predicted, gold), abs=1e-12)
+    # a relabelled perfect clustering scores 1
+    gold = np.arange(30) % k
+    assert hungarian_accuracy((gold + 1) % k, gold) == 1.0
+
+
+def test_evaluate_clustering_matches_plain_kmeans_loop():
+    rng = np.random.default_rng(0)
+    labels = np.arange(60) % 3
+    x = (rng.normal(size=(3, 4)) * 0.8)[labels] + rng.normal(size=(60, 4))
+    config = ClusteringConfig(trials=3, n_init=2)
+    result = evaluate_clustering(x, labels, config)
+    accuracies = [100 * brute_force_accuracy(KMeans(3, random_state=t, n_init=2).fit_predict(x.astype(np.float32)),
+                                             labels) for t in range(3)]
+    np.testing.assert_allclose(result["trials"], accuracies)
+    assert result["accuracy"] == pytest.approx(np.mean(accuracies))
+    assert result["accuracy_std"] == pytest.approx(np.std(accuracies, ddof=1))
+    assert result["classes"] == 3 and result["examples"] == 60
+
+    separated = np.repeat(np.eye(4) * 50, 5, axis=0)
+    perfect = evaluate_clustering(separated, np.repeat([3, 0, 2, 1], 5), config)
+    assert perfect["accuracy"] == 100.0 and perfect["nmi"] == pytest.approx(100.0)
+
+
+def test_clustering_bad_input():
+    with pytest.raises(DataError, match="3 embeddings but 2 labels"):
+        evaluate_clustering(np.zeros((3, 2)), np.array([0, 1]))
+    with pytest.raises(DataError, match="at least 2 labels"):
+        evaluate_clustering(np.zeros((3, 2)), np.array([1, 1, 1]))
+    with pytest.raises(DataError, match="same non-zero length"):
+        hungarian_accuracy(np.array([0, 1]), np.array([0]))
+
+
+def test_read_clustering_quirks_and_missing_label(tmp_path):
+    path = tmp_path / "set.txt"
+    # CRLF, a trailing empty tab field, a tab inside the text (split on the first tab only), labels as strings
+    path.write_bytes(b"10\tfirst text\t\r\n2\tsecond\tpart two\r\n10\t  third   text \r\n")
+    split, names = read_clustering(path)
+    assert split.sentences == ["first text", "second part two", "third text"]
+    assert names == ["2", "10"] and split.labels.tolist() == [1, 0, 1]
+    path.write_text("1\tok\nno label field here\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"{path}:2: expected 'label<TAB>text'"):
+        read_clustering(path)
+
+
+def _record(tmp_path: Path, files: dict[str, str]) -> dict:
+    entries = {}
+    for split, text in files.items():
+        path = tmp_path / f"{split}.label"
+        path.write_text(text, encoding="latin-1")
+        entries[split] = {"path": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                          "size": len(text.splitlines())}
+    return {"family": "transfer", "format": "trec", "protocol": "kfold", "split": "test", "size": 1,
+            "main_score": "accuracy", "encoding": "latin-1", "splits": entries}
+
+
+def test_transfer_reader_order_and_missing_split(tmp_path):
+    record = _record(tmp_path, {"train": "NUM:dist How far is it ?\nHUM:ind Who ?\nLOC:city Where is it ?\n",
+                                "test": "DESC:def What is caf\xe9 ?\n"})
+    spec = TaskSpec("TREC", "trec", "test", 1, "accuracy", record, family="transfer")
+    splits = spec.load_labeled(tmp_path)
+    assert splits["train"].sentences == ["Who ?", "Where is it ?", "How far is it ?"]  # SentEval's (length, label)
+    assert splits["train"].labels.tolist() == [3, 4, 5]
+    assert splits["test"].sentences == ["What is caf\xe9 ?"]  # latin-1
+    (tmp_path / "test.label").unlink()
+    with pytest.raises(DataError, match=r"missing data file .*test\.label"):
+        spec.load_labeled(tmp_path)
+
+
+def test_task_groups_mixing_and_unknown_names():
+    registry = load_registry()
+    assert [t.name for t in get_tasks(["MR", "agnews"], registry)] == ["MR", "agnews"]
+    assert [t.name for t in get_tasks(["transfer"], registry)] == list(TASK_GROUPS["transfer"])
+    assert len(get_tasks(["all"], registry)) == len(TASK_GROUPS["all"])
+    mixed = get_tasks(["STS12", "sts", "TREC"], registry)
+    assert [t.name for t in mixed] == [*TASK_GROUPS["sts"], "TREC"]
+    assert {t.family for t in get_tasks(["clustering"], registry)} == {"clustering"}
+    with pytest.raises(ConfigError) as err:
+        get_tasks(["MR", "nope"], registry)
+    message = str(err.value)
+    assert "unknown task nope" in message and "MR" in message and "agnews" in message
+    assert "valid groups: sts, transfer, clustering, all" in message
+    with pytest.raises(DataError, match="is a transfer task"):
+        registry["MR"].load(Path("."))
+
+
+def test_real_labeled_tasks_load(real_data_root):
+    sizes = {spec.name: {split: len(v) for split, v in spec.load_labeled(real_data_root).items()}
+             for spec in get_tasks(["MRPC", "SICK-E", "tweet"])}
+    assert sizes == {"MRPC": {"train": 4076, "test": 1725}, "SICK-E": {"train": 4500, "dev": 500, "test": 4927},
+                     "tweet": {"all": 2472}}
