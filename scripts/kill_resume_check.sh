@@ -12,7 +12,7 @@ pid=$!
 until compgen -G "$OUT/killed/checkpoints/step25*.ckpt" >/dev/null; do sleep 1; done
 sleep "${KILL_AFTER_S:-15}"
 kill -9 "$pid"; wait "$pid" || true
-echo "killed at step $(grep -c . "$OUT/killed/csv/metrics.csv" || true) csv rows; resuming"
+echo "killed ${KILL_AFTER_S:-15} s after the step-25 checkpoint; resuming from last.ckpt"
 "$PY" train.py experiment=quickstart_unsup output_dir="$OUT/killed" ckpt_path="$OUT/killed/checkpoints/last.ckpt" "$@"
 "$PY" - "$OUT" <<'PY'
 import json, sys, torch
