@@ -118,6 +118,8 @@ def write_report(output_dir: Path, results: dict) -> tuple[Path, Path]:
         f"protocol: cosine, Spearman x100, SentEval 'all' setting; seed {prov['seed']}\n\n"
     )
     body = markdown_table(results["scores"])
+    if results.get("pearson"):
+        body += "\nPearson x100 (cosine), same rows:\n\n" + markdown_table(results["pearson"])
     if results.get("analysis"):
         body += "\n" + analysis_table(results["analysis"])
     md_path = atomic_write_text(output_dir / "results.md", header + body)

@@ -61,7 +61,8 @@ def score_variants(
     score record; post-processors are fitted on the task's own rows when `fit_corpus` is "T", else on
     `reference_rows` (the corpus' sentences, encoded in the same pass). `analyse(task, embeddings)` (optional)
     returns extra metrics per variant and task.
-    Returns {"scores": {label: {task: x100, "avg"}}, "details": {...}, "post_processing": {label: record},
+    Returns {"scores": {label: {task: Spearman x100, "avg"}}, "pearson": (same, Pearson x100),
+    "details": {...}, "post_processing": {label: record},
     "analysis": {label: {task: metrics}} or None}.
     """
     details: dict[str, dict[str, dict]] = {}
@@ -84,9 +85,14 @@ def score_variants(
                 details.setdefault(label, {})[name] = score_task(task, emb)
                 if analyse is not None:
                     analysis.setdefault(label, {})[name] = analyse(task, emb)
-    scores = {}
+    return {"scores": metric_table(details, "spearman"), "pearson": metric_table(details, "pearson"),
+            "details": details, "post_processing": post_records or None, "analysis": analysis or None}
+
+
+def metric_table(details: dict[str, dict[str, dict]], metric: str) -> dict[str, dict[str, float]]:
+    """{label: {task: details[label][task][metric], "avg": plain mean over the tasks}}."""
+    table = {}
     for label, per_task in details.items():
-        main = {name: record["spearman"] for name, record in per_task.items()}
-        scores[label] = {**main, "avg": float(np.mean(list(main.values())))}
-    return {"scores": scores, "details": details, "post_processing": post_records or None,
-            "analysis": analysis or None}
+        values = {name: record[metric] for name, record in per_task.items()}
+        table[label] = {**values, "avg": float(np.mean(list(values.values())))}
+    return table
