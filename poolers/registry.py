@@ -45,6 +45,13 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
 POOLER_NAMES = tuple(_REGISTRY)
 
 
+def pooler_class(name: str) -> type[Pooler]:
+    """The class behind a registered name (to inspect its arguments without building it)."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown pooler {name!r}; valid poolers: {', '.join(POOLER_NAMES)}")
+    return _REGISTRY[name][0]
+
+
 def build_pooler(name: str, **overrides: Any) -> Pooler:
     return build_named(_REGISTRY, "pooler", "valid poolers", name, overrides)
 
