@@ -18,6 +18,7 @@ from poolers import build_pooler
 from poolers.remove_biases import BERT_UNCASED_TOP36
 from postprocessing import build_post
 from tests.helpers import reference_runner
+from tests.oracles import sbert_wk_sentence_loop
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 SENTENCES = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog near the river bank"]
@@ -171,3 +172,11 @@ def test_pearson_is_the_plain_formula():
     cov = sum((a - mx) * (b - my) for a, b in zip(x, y))
     want = 100 * cov / math.sqrt(sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y))
     assert pearson_x100(x, y) == pytest.approx(want, rel=1e-12)
+
+
+def test_sbert_wk_over_templated_input(encoder, run):
+    got = encoder.embed(SENTENCES, [build_pooler("sbert_wk", layer_start=0, templated=True)], Template(PROMPT))
+    for row, sentence in enumerate(SENTENCES):
+        ids, hidden, _ = run[2](PROMPT.replace("[X]", sentence))
+        features = np.stack(hidden)[:, : len(ids) - 1]  # all templated tokens but the last ([SEP])
+        np.testing.assert_allclose(got["sbert_wk"][row], sbert_wk_sentence_loop(features, 2), atol=2e-5, rtol=1e-4)
