@@ -3,6 +3,8 @@ BERT+Avg. (the contextual mean mixed with it)."""
 
 from __future__ import annotations
 
+import hashlib
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -36,6 +38,19 @@ def token_state_table(encoder, sentences: Sequence[str], layers: Sequence[int]) 
         sums.index_add_(0, ids, states[real])
         counts.index_add_(0, ids, torch.ones_like(ids))
     return sums / counts.clamp_min(1).unsqueeze(1), counts
+
+
+#: encoder -> {(layers, corpus digest): table}: `token_avg` and `bert_token_avg` on one corpus share one fit pass
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached_token_state_table(encoder, sentences: Sequence[str], layers: Sequence[int]):
+    digest = hashlib.sha256("\n".join(sentences).encode("utf-8")).hexdigest()
+    tables = _TABLES.setdefault(encoder, {})
+    key = (tuple(layers), digest)
+    if key not in tables:
+        tables[key] = token_state_table(encoder, sentences, layers)
+    return tables[key]
 
 
 class TokenAveragePooler(CorpusFittedPooler):
@@ -79,7 +94,7 @@ class TokenAveragePooler(CorpusFittedPooler):
         if self.encoder is None:
             raise ConfigError(f"pooler {self.name!r} must be bound to an encoder before fitting "
                               "(Encoder.check_poolers does this)")
-        table, counts = token_state_table(self.encoder, sentences, self.layers)
+        table, counts = cached_token_state_table(self.encoder, sentences, self.layers)
         self.table, self.seen = table.float(), counts > 0
 
     def __call__(self, out: EncoderOutput) -> torch.Tensor:

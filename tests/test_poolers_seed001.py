@@ -124,8 +124,10 @@ def test_token_average_static_model_and_bert_mix(encoder, run):
     static = build_pooler("token_avg", corpus="file:x", layers=[0, -1])
     mixed = build_pooler("bert_token_avg", corpus="file:x", layers=[0, -1], weight=0.25)
     encoder.check_poolers([static, mixed], None)  # binds the encoder whose forward builds the table
+    before = encoder.stats.forward_sequences
     static.fit("file:x", CORPUS, encoder.tokenizer)
     mixed.fit("file:x", CORPUS, encoder.tokenizer)
+    assert encoder.stats.forward_sequences - before == len(CORPUS)  # one fit pass serves both poolers
     sentences = ["a dog sleeps", "a man runs !", "zebra"]  # "!" and "zebra" never occur in the corpus
     got = encoder.embed(sentences, [static, mixed])
     for row, sentence in enumerate(sentences):
