@@ -74,6 +74,6 @@ def plot_ranked_bars(labels: Sequence[str], values: Sequence[float], path: Path,
     ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
     ax.set_yticks(ys, labels, fontsize=7)
     ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title.replace(": ", ":\n", 1), fontsize=9)  # two lines: long titles would be cut at the right
     ax.set_xlim(min(0.0, *values), max(values) * 1.12 if max(values) > 0 else 1.0)
     return _save(fig, path)
