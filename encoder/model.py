@@ -267,6 +267,7 @@ class Encoder:
                 normalize_layer(needs.layers_from, self.num_layers)
             pooler.check_model(self.transformer.config)
             pooler.bind_tokenizer(self.tokenizer)
+            pooler.bind_encoder(self)
             if (needs.templated or needs.template_bias) and template is None:
                 raise ConfigError(
                     f"pooler {pooler.name!r} pools over a prompt-templated input; pass a template, "

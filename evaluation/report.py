@@ -145,6 +145,8 @@ def write_report(output_dir: Path, results: dict) -> tuple[Path, Path]:
         wall = f"  \nwall time: {seconds}" if seconds else ""
         body += f"## {heading}\n\nprotocol: {protocol}{wall}\n\n"
         body += markdown_table(family_result["scores"]) + "\n"
+        if family_result.get("pearson"):
+            body += "Pearson x100 (cosine), same rows:\n\n" + markdown_table(family_result["pearson"]) + "\n"
         plot_scores(family_result["scores"], output_dir / plot_name(family),
                     f"{prov['model']['name_or_path']} | {template} | {heading}", axis_label=axis)
     if results.get("analysis"):

@@ -105,8 +105,8 @@ def score(cfg: DictConfig) -> dict:
     prov["data_root"] = str(root)
     prov["forward_sequences"] = encoder.stats.forward_sequences
     prov["wall_time_s"] = round(time.perf_counter() - started, 2)
-    results = {"scores": result["scores"], "details": result["details"], "analysis": result["analysis"],
-               "families": result["families"], "provenance": prov}
+    results = {"scores": result["scores"], "pearson": result["pearson"], "details": result["details"],
+               "analysis": result["analysis"], "families": result["families"], "provenance": prov}
     json_path, md_path = write_report(Path(cfg.output_dir), results)
     for family, family_result in results["families"].items():
         print(f"{family}:\n{markdown_table(family_result['scores'])}", end="")
@@ -123,6 +123,7 @@ def encode(cfg: DictConfig) -> np.ndarray:
     pooler = build_pooler(str(cfg.pooler), **OmegaConf.to_container(cfg.pooler_args).get(str(cfg.pooler), {}))
     sentences = read_sentences(Path(cfg.input))
     encoder = build_encoder(cfg, [pooler])
+    encoder.check_poolers([pooler], template)  # binds tokenizer and encoder, which some fits need
     if isinstance(pooler, CorpusFittedPooler):
         # "T" is the input file itself; any other label is resolved as for scoring
         label = pooler.corpus or str(cfg.fit_corpus)

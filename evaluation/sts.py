@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
+from scipy.stats import pearsonr, spearmanr
 
 from data.readers import SentencePairs
 from data.tasks import TaskSpec
@@ -39,6 +39,10 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def spearman_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
     return float(spearmanr(predicted, gold).statistic * 100.0)
+
+
+def pearson_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
+    return float(pearsonr(predicted, gold).statistic * 100.0)
 
 
 @dataclass
@@ -79,7 +83,7 @@ def score_task(task: IndexedTask, embeddings: np.ndarray) -> dict:
     """Main score over all pairs, plus per-subset scores for STS12-16 (reported, never averaged into the main)."""
     cosines = cosine_rows(embeddings[task.left], embeddings[task.right])
     gold = task.pairs.gold_array()
-    result = {"spearman": spearman_x100(cosines, gold), "pairs": len(gold)}
+    result = {"spearman": spearman_x100(cosines, gold), "pearson": pearson_x100(cosines, gold), "pairs": len(gold)}
     subsets = np.asarray(task.pairs.subsets)
     names = list(dict.fromkeys(task.pairs.subsets))
     if len(names) > 1:

@@ -61,8 +61,9 @@ def evaluate_tasks(
         results[family] = result
     first = next(iter(results.values()))
     merged = {
-        "scores": first["scores"], "details": first["details"], "analysis": first.get("analysis"),
-        "families": {family: {key: result.get(key) for key in ("scores", "details", "timing", "protocol")}
+        "scores": first["scores"], "pearson": first.get("pearson"), "details": first["details"],
+        "analysis": first.get("analysis"),
+        "families": {family: {key: result.get(key) for key in ("scores", "pearson", "details", "timing", "protocol")}
                      for family, result in results.items()},
         "poolers": {}, "post_processing": {}, "fit_corpora": {}, "tasks": {}, "unique_sentences": 0,
     }

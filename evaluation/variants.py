@@ -62,7 +62,8 @@ def score_variants(
     score record; post-processors are fitted on the task's own rows when `fit_corpus` is "T", else on
     `reference_rows` (the corpus' sentences, encoded in the same pass). `analyse(task, embeddings)` (optional)
     returns extra metrics per variant and task. `main_key` names the score record's main score (the table value).
-    Returns {"scores": {label: {task: x100, "avg"}}, "details": {...}, "post_processing": {label: record},
+    Returns {"scores": {label: {task: x100, "avg"}}, "pearson": (the same table of Pearson x100 where the records
+    have one, i.e. STS; else None), "details": {...}, "post_processing": {label: record},
     "analysis": {label: {task: metrics}} or None}.
     """
     details: dict[str, dict[str, dict]] = {}
@@ -85,9 +86,16 @@ def score_variants(
                 details.setdefault(label, {})[name] = score_task(task, emb)
                 if analyse is not None:
                     analysis.setdefault(label, {})[name] = analyse(task, emb)
-    scores = {}
+    has_pearson = all("pearson" in record for per_task in details.values() for record in per_task.values())
+    return {"scores": metric_table(details, main_key),
+            "pearson": metric_table(details, "pearson") if details and has_pearson else None,
+            "details": details, "post_processing": post_records or None, "analysis": analysis or None}
+
+
+def metric_table(details: dict[str, dict[str, dict]], metric: str) -> dict[str, dict[str, float]]:
+    """{label: {task: details[label][task][metric], "avg": plain mean over the tasks}}."""
+    table = {}
     for label, per_task in details.items():
-        main = {name: record[main_key] for name, record in per_task.items()}
-        scores[label] = {**main, "avg": float(np.mean(list(main.values())))}
-    return {"scores": scores, "details": details, "post_processing": post_records or None,
-            "analysis": analysis or None}
+        values = {name: record[metric] for name, record in per_task.items()}
+        table[label] = {**values, "avg": float(np.mean(list(values.values())))}
+    return table

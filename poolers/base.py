@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from common.errors import ConfigError
 from encoder.outputs import EncoderOutput
 
 
@@ -61,6 +62,11 @@ class Pooler(ABC):
         """Give the pooler the tokenizer, for poolers whose token weights depend on the vocabulary."""
         return None
 
+    def bind_encoder(self, encoder) -> None:
+        """Give the pooler the encoder itself, for poolers fitted through the encoder's own forward pass (the Avg.
+        static model)."""
+        return None
+
     def describe(self) -> dict:
         """Provenance record: type, layers, input form and own arguments of this pooler."""
         needs = self.needs
@@ -76,6 +82,20 @@ class Pooler(ABC):
     def arguments(self) -> dict:
         """Pooler-specific arguments recorded in provenance (beyond layers and input form)."""
         return {}
+
+
+def pooled_tokens(out: EncoderOutput, include_mask: bool = True) -> torch.Tensor:
+    """0/1 `[B, T]` of the tokens to pool: every non-padding token, minus the template's [MASK] tokens when
+    `include_mask` is False (seed 001's templated average "without [MASK]")."""
+    if include_mask:
+        return out.attention_mask
+    return out.attention_mask * (~out.mask_token).to(out.attention_mask.dtype)
+
+
+def require_template_for(name: str, templated: bool, include_mask: bool) -> None:
+    """`include_mask=False` only means something on a templated input (a plain input has no [MASK])."""
+    if not include_mask and not templated:
+        raise ConfigError(f"pooler {name!r}: include_mask=false needs templated=true (a plain input has no [MASK])")
 
 
 def masked_mean(states: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,8 @@ def diagonal_weighted_sum(states: torch.Tensor, diagonal: torch.Tensor, mask: to
 
 
 class DittoPooler(Pooler):
-    """e = Σ_i mask_i · A^(l,h)_ii · (h^(first)_i + h^(last)_i) / 2 over ALL tokens ([CLS]/[SEP] included), plain input.
+    """e = Σ_i mask_i · A^(l,h)_ii · (h^(first)_i + h^(last)_i) / 2 over ALL tokens ([CLS]/[SEP] included) of the
+    plain input, or of the prompt-templated input (template and [MASK] tokens included) when `templated`.
 
     A^(l,h) = attention probabilities of head `head` in transformer layer `layer`, both 0-indexed (layer 0 = the
     first transformer layer, `out.attentions[0]`), so the defaults 0/9 are the reference's bert-base-uncased head
@@ -33,13 +34,14 @@ class DittoPooler(Pooler):
     """
 
     def __init__(self, name: str = "ditto", layer: int = 0, head: int = 9,
-                 layers: tuple[int, ...] | list[int] = (0, -1)):
+                 layers: tuple[int, ...] | list[int] = (0, -1), templated: bool = False):
         super().__init__(name)
         self.layer, self.head, self.layers = int(layer), int(head), tuple(layers)
+        self.templated = templated
 
     @property
     def needs(self) -> Needs:
-        return Needs(layers=self.layers, attentions=True)
+        return Needs(layers=self.layers, attentions=True, templated=self.templated)
 
     def check_model(self, config) -> None:
         layers, heads = int(config.num_hidden_layers), int(config.num_attention_heads)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from encoder.outputs import EncoderOutput
-from poolers.base import Needs, masked_mean
+from poolers.base import Needs, masked_mean, pooled_tokens, require_template_for
 from poolers.fitted import CorpusFittedPooler
 
 
@@ -19,22 +19,30 @@ def document_frequencies(token_ids: list[list[int]], vocab_size: int) -> np.ndar
 
 
 class IdfPooler(CorpusFittedPooler):
-    """e = Σ_t idf(x_t)·h̄_t / Σ_t idf(x_t) over the real tokens of the plain input, h̄ = mean of `layers`.
+    """e = Σ_{t∈T} idf(x_t)·h̄_t / Σ_{t∈T} idf(x_t), h̄ = mean of `layers` (seed 001's idf weighting).
 
+    T = the real tokens of the plain input, or of the prompt-templated input when `templated` (`avg_idf`: seed 001's
+    "templated avg + idf"), minus the [MASK] tokens when `include_mask` is False.
     idf(v) = log(N / df_v) over the N sentences of the fit corpus, tokenized exactly as the encoder does
-    (`[CLS] sentence [SEP]`), so [CLS]/[SEP] occur in every sentence and get weight 0. A token that never occurs
-    in the corpus is treated as occurring once (idf = log N, the rarest weight). Weights are renormalised per
-    sentence (the division above).
+    (`[CLS] sentence [SEP]`, never templated), so [CLS]/[SEP] occur in every sentence and get weight 0. A token that
+    never occurs in the corpus is treated as occurring once (idf = log N, the rarest weight): on a templated input the
+    template words get their corpus idf and [MASK] gets log N. Weights are renormalised per sentence (the division).
     """
 
-    def __init__(self, name: str = "idf", layers: tuple[int, ...] | list[int] = (-1,), corpus: str | None = None):
+    def __init__(self, name: str = "idf", layers: tuple[int, ...] | list[int] = (-1,), corpus: str | None = None,
+                 templated: bool = False, include_mask: bool = True):
         super().__init__(name, corpus)
+        require_template_for(name, templated, include_mask)
         self.layers = tuple(layers)
+        self.templated, self.include_mask = templated, include_mask
         self.idf: torch.Tensor | None = None
 
     @property
     def needs(self) -> Needs:
-        return Needs(layers=self.layers)
+        return Needs(layers=self.layers, templated=self.templated, mask_token=not self.include_mask)
+
+    def arguments(self) -> dict:
+        return {"include_mask": self.include_mask} if self.templated else {}
 
     def _fit(self, sentences: list[str], tokenizer) -> None:
         ids = tokenizer(sentences, add_special_tokens=True)["input_ids"]
@@ -45,4 +53,4 @@ class IdfPooler(CorpusFittedPooler):
         self.require_fitted()
         states = torch.stack([out.layer(k) for k in self.layers]).mean(0)
         weights = self.idf.to(states.device, states.dtype)[out.input_ids]
-        return masked_mean(states, weights * out.attention_mask)
+        return masked_mean(states, weights * pooled_tokens(out, self.include_mask))

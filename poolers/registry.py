@@ -14,9 +14,11 @@ from poolers.idf import IdfPooler
 from poolers.mask import MaskPooler
 from poolers.mask_topk import MaskTopKPooler
 from poolers.mean import MeanPooler
+from poolers.random_embeddings import RandomEmbeddingPooler
 from poolers.remove_biases import RemoveBiasesPooler
 from poolers.sbert_wk import SBERTWKPooler
 from poolers.static import StaticPooler
+from poolers.token_average import TokenAveragePooler
 
 _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "cls": (CLSPooler, {}),
@@ -32,8 +34,22 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "idf": (IdfPooler, {}),
     "remove_biases": (RemoveBiasesPooler, {}),
     "remove_biases_contextual": (RemoveBiasesPooler, {"variant": "contextual"}),
+    # seed 001: token weighting on the templated input, templated average without [MASK], baselines
+    "avg_no_mask": (MeanPooler, {"templated": True, "include_mask": False}),
+    "avg_idf": (IdfPooler, {"templated": True}),
+    "avg_remove_biases": (RemoveBiasesPooler, {"variant": "contextual", "templated": True}),
+    "random": (RandomEmbeddingPooler, {}),
+    "token_avg": (TokenAveragePooler, {}),
+    "bert_token_avg": (TokenAveragePooler, {"weight": 0.5}),
 }
 POOLER_NAMES = tuple(_REGISTRY)
+
+
+def pooler_class(name: str) -> type[Pooler]:
+    """The class behind a registered name (to inspect its arguments without building it)."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown pooler {name!r}; valid poolers: {', '.join(POOLER_NAMES)}")
+    return _REGISTRY[name][0]
 
 
 def build_pooler(name: str, **overrides: Any) -> Pooler:

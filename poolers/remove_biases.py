@@ -49,7 +49,8 @@ def biased_token(token: str, frequent: frozenset[str], byte_level=None) -> bool:
 
 
 class RemoveBiasesPooler(Pooler):
-    """e = (1/|K|) Σ_{t∈K} x_t over the kept tokens K of the plain input: every real token except the frequent
+    """e = (1/|K|) Σ_{t∈K} x_t over the kept tokens K of the input (plain, or prompt-templated when `templated`: the
+    template words are filtered like sentence words, [MASK] is dropped as special): every real token except the frequent
     list (`frequent_tokens`, default the bert-base-uncased top 36), `##` subword pieces, punctuation-only tokens,
     tokens with uppercase letters, and special tokens ([CLS]/[SEP]/...). Each test reads the token's text, so a
     byte-level BPE token (RoBERTa) is judged without its `Ġ` word-start marker and with its bytes decoded.
@@ -60,8 +61,9 @@ class RemoveBiasesPooler(Pooler):
     """
 
     def __init__(self, name: str = "remove_biases", variant: str = "static", layers: Sequence[int] = (-1,),
-                 frequent_tokens: Sequence[str] = BERT_UNCASED_TOP36):
+                 frequent_tokens: Sequence[str] = BERT_UNCASED_TOP36, templated: bool = False):
         super().__init__(name)
+        self.templated = templated
         if variant not in ("static", "contextual"):
             raise ConfigError(f"remove_biases variant {variant!r} is unknown; valid: static, contextual")
         self.variant, self.layers = variant, tuple(layers)
@@ -72,8 +74,8 @@ class RemoveBiasesPooler(Pooler):
     @property
     def needs(self) -> Needs:
         if self.variant == "static":
-            return Needs(word_embeddings=True)
-        return Needs(layers=self.layers)
+            return Needs(word_embeddings=True, templated=self.templated)
+        return Needs(layers=self.layers, templated=self.templated)
 
     def arguments(self) -> dict:
         return {"variant": self.variant, "frequent_tokens": len(self.frequent)}

@@ -107,11 +107,14 @@ class SBERTWKPooler(Pooler):
 
     layers k = layer_start..L (hidden_states indices, 0 = embeddings); tokens = all real tokens but the last
     ([CLS] kept, [SEP] dropped); per token, unified word vector v̂_t = Σ_k α_k h^(k)_t (`layer_weights`, Eq. 9-13);
-    word weight w_t = Var_k cos(h^(k)_t, h^(k+1)_t) / Σ_t' Var (Eq. 14); e = Σ_t w_t v̂_t (Eq. 15). Plain input.
+    word weight w_t = Var_k cos(h^(k)_t, h^(k+1)_t) / Σ_t' Var (Eq. 14); e = Σ_t w_t v̂_t (Eq. 15). Plain input, or
+    the prompt-templated input (template and [MASK] tokens weighted like sentence tokens) when `templated`.
     """
 
-    def __init__(self, name: str = "sbert_wk", layer_start: int = 4, window: int = 2, method: str = "gram"):
+    def __init__(self, name: str = "sbert_wk", layer_start: int = 4, window: int = 2, method: str = "gram",
+                 templated: bool = False):
         super().__init__(name)
+        self.templated = templated
         if method not in ("gram", "qr"):
             raise ConfigError(f"sbert_wk method {method!r} is unknown; valid: gram, qr")
         if window < 1:
@@ -120,7 +123,7 @@ class SBERTWKPooler(Pooler):
 
     @property
     def needs(self) -> Needs:
-        return Needs(layers_from=self.layer_start)
+        return Needs(layers_from=self.layer_start, templated=self.templated)
 
     def check_model(self, config) -> None:
         num_layers = int(config.num_hidden_layers)

@@ -1,29 +1,37 @@
-"""Uniform quantile transform per dimension."""
+"""Quantile transforms per dimension: to a uniform (`quantile_u`) or a standard normal (`quantile_n`) distribution."""
 
 from __future__ import annotations
 
 import numpy as np
 from sklearn.preprocessing import QuantileTransformer
 
+from common.errors import ConfigError
 from postprocessing.base import PostProcessor
+
+OUTPUT_DISTRIBUTIONS = ("uniform", "normal")
 
 
 class QuantileUniform(PostProcessor):
-    """y_d = F̂_d(x_d): each dimension mapped through its empirical CDF on the fit corpus (scikit-learn's
-    QuantileTransformer, uniform output, `n_quantiles` = min(1000, corpus size), no subsampling)."""
+    """y_d = F̂_d(x_d) (`uniform`) or y_d = Φ⁻¹(F̂_d(x_d)) (`normal`, seed 001's quantile normalisation to a Gaussian):
+    each dimension mapped through its empirical CDF F̂_d on the fit corpus (scikit-learn's QuantileTransformer,
+    `n_quantiles` = min(1000, corpus size), no subsampling; the normal output clips at scikit-learn's ±5.2σ)."""
 
-    def __init__(self, name: str = "quantile_u", n_quantiles: int = 1000):
+    def __init__(self, name: str = "quantile_u", n_quantiles: int = 1000, output_distribution: str = "uniform"):
         super().__init__(name)
+        if output_distribution not in OUTPUT_DISTRIBUTIONS:
+            raise ConfigError(f"{name}: output_distribution {output_distribution!r} is unknown; valid: "
+                              f"{', '.join(OUTPUT_DISTRIBUTIONS)}")
         self.n_quantiles = int(n_quantiles)
+        self.output_distribution = output_distribution
         self.model: QuantileTransformer | None = None
 
     def _fit(self, embeddings: np.ndarray) -> None:
         self.model = QuantileTransformer(n_quantiles=min(self.n_quantiles, len(embeddings)),
-                                         output_distribution="uniform", subsample=None)
+                                         output_distribution=self.output_distribution, subsample=None)
         self.model.fit(embeddings)
 
     def _transform(self, embeddings: np.ndarray) -> np.ndarray:
         return self.model.transform(embeddings)
 
     def arguments(self) -> dict:
-        return {"n_quantiles": self.n_quantiles}
+        return {"n_quantiles": self.n_quantiles, "output_distribution": self.output_distribution}

@@ -20,6 +20,7 @@ _REGISTRY: dict[str, tuple[type[PostProcessor], dict[str, Any]]] = {
     "whiten": (Whiten, {}),
     "abtt": (AllButTheTop, {}),
     "normalize": (Normalize, {}),
+    "quantile_n": (QuantileUniform, {"output_distribution": "normal"}),
 }
 POST_NAMES = tuple(_REGISTRY)
 
