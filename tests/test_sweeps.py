@@ -113,7 +113,8 @@ def test_unknown_parameter_is_named(bad_sweep, tmp_path):
     spec = load_sweep(REPO / "sweeps/promptbert_unsup.yaml")
     spec["parameters"]["template_pair"]["values"].append("nope")
     with pytest.raises(ConfigError, match=r"parameter 'template_pair' is the config group template_pair/: values "
-                                          r"must be among bert, minilm_searched, roberta, same, word \(got \['nope'\]\)"):
+                                          r"must be among bert, minilm_searched, roberta, same, word "
+                                          r"\(got \['nope'\]\)"):
         validate_sweep(spec)
     spec["parameters"] = {"module": {"parameters": {"lr": {"value": 1e-5}}}}
     with pytest.raises(ConfigError, match="nested parameters are not Hydra overrides: use dotted keys"):

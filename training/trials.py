@@ -65,8 +65,8 @@ def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], i
     except Exception as err:
         outcome.status = PREEMPTED if isinstance(err, PreemptedError) else FAILED
         outcome.reason = str(err).splitlines()[0] if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
-        if not in_sweep and isinstance(err, UserError) and remove_if_untouched(run_dir):
-            raise  # failed before any work: nothing is left behind
+        if not in_sweep and isinstance(err, UserError) and (not run_dir.exists() or remove_if_untouched(run_dir)):
+            raise  # failed before any work (the checks may have removed the folder already): nothing is left behind
         record(outcome, run_dir)
         if not in_sweep:
             raise
