@@ -28,10 +28,10 @@ evaluate: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto
 
 test-slow: install
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -n auto -m slow
 
 bench: install
 	$(BIN)/python bench/encode_throughput.py

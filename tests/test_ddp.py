@@ -33,6 +33,7 @@ def test_two_ranks_equal_one_process_on_joined_batch(tmp_path):
         torch.testing.assert_close(ddp["grad"], single["grad"], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["quickstart_unsup", "quickstart_sup"])
 def test_train_py_runs_two_process_ddp_on_cpu(experiment, tiny_bert, real_data_root, tmp_path):
     """The real entry point under DDP (gloo, 2 CPU processes): unused trainable parameters (the [CLS] pooler, an

@@ -117,6 +117,7 @@ def test_multirun_with_a_failing_middle_trial_runs_the_others_and_exits_non_zero
     assert (sweep / "0" / "checkpoints" / "last.ckpt").is_file() and (sweep / "2" / "curve.json").is_file()
 
 
+@pytest.mark.slow
 def test_optuna_search_records_the_failed_trial_and_goes_on(tiny_bert, real_data_root, tmp_path):
     configs = tmp_path / "configs" / "hparams_search"
     configs.mkdir(parents=True)
