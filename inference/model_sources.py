@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from common.errors import ConfigError
-from encoder.model import Encoder
+from encoder.model import Encoder, resolve_device
 from encoder.template import Template
 from poolers.base import Pooler
 
@@ -74,13 +74,6 @@ def best_checkpoint(run_dir: Path) -> Path:
                           "eval_every_n_steps steps, or pass a .ckpt file")
     raise ConfigError(f"run folder {run_dir}: cannot tell which of {len(candidates)} checkpoints is the best (no "
                       f"{LAST_CHECKPOINT} recording it); pass the .ckpt file")
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """`None` / "auto": CUDA when present, else CPU."""
-    if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def switch_to_eager_attention(transformer: torch.nn.Module) -> None:
