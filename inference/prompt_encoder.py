@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from common.errors import ConfigError, DataError
+from common.version import framework_version
 from encoder.inputs import InputForm
 from encoder.model import Encoder, resolve_device
 from encoder.template import Template
@@ -28,15 +29,6 @@ FORMAT_VERSION = 1
 POOLERS = ("mask", "avg")
 HEAD_FILE = "promptemb_head.safetensors"
 SOFT_TEMPLATE_FILE = "promptemb_soft_template.safetensors"
-
-
-def framework_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("promptemb")
-    except Exception:
-        return "0.1.0"
 
 
 class PromptEncoder:
