@@ -76,6 +76,7 @@ def test_checkpoint_run_folder_and_export_score_as_training_did(optiprompt_run, 
     assert manual["scores"]["mask"][TASK] != pytest.approx(expected["mask"][TASK], abs=1e-3)
 
 
+@pytest.mark.slow
 def test_evaluate_py_on_a_checkpoint_file(optiprompt_run, real_data_root, tmp_path):
     best = best_checkpoint(optiprompt_run)
     out = tmp_path / "cli"
@@ -99,3 +100,18 @@ def test_run_folder_without_checkpoints_is_refused(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(ConfigError, match="no scored checkpoint"):
         best_checkpoint(tmp_path)
+
+
+def test_encode_mode_on_an_export_uses_its_pooler(optiprompt_run, real_data_root, tmp_path):
+    import numpy as np
+
+    from inference import load_encoder
+
+    lines = ["a man plays a guitar .", "two dogs run in a field", "short"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    export = optiprompt_run / "export"
+    embeddings = evaluate_in_process(export, real_data_root, tmp_path / "unused", "mode=encode", "pooler=mask",
+                                     f"input={tmp_path / 'in.txt'}", f"output={tmp_path / 'out.npy'}")
+    expected = load_encoder(export, device="cpu").encode(lines)
+    assert np.abs(embeddings - expected).max() <= 1e-6
+    assert np.array_equal(np.load(tmp_path / "out.npy"), embeddings)
