@@ -1,25 +1,7 @@
-"""Export a trained checkpoint: `python export.py ckpt=PATH.ckpt out=DIR [pooler=avg] [score=true]`.
+"""Export a trained checkpoint: `python export.py ckpt=PATH.ckpt out=DIR [pooler=avg] [score=true]` (installed:
+`promptemb-export ...`). The command line lives in exporting/export.py."""
 
-DIR is both a Hugging Face model directory (AutoModel; template, pooler, layers and denoising in config.json's
-`promptemb` block) and a sentence-transformers model (`SentenceTransformer(DIR, trust_remote_code=True)`).
-"""
-
-
-import hydra
-from omegaconf import DictConfig
-
-from common.errors import exit_on_user_error
-from exporting.runner import export_checkpoint
-
-
-@hydra.main(version_base="1.3", config_path="configs", config_name="export")
-@exit_on_user_error
-def main(cfg: DictConfig) -> None:
-    out = export_checkpoint(cfg.ckpt, cfg.out, pooler=cfg.pooler, denoise=cfg.denoise, overwrite=bool(cfg.overwrite),
-                            score=bool(cfg.score), score_tasks=list(cfg.score_tasks), data_root=cfg.data_root,
-                            base_model=cfg.base_model)
-    print(f"exported to {out}")
-
+from exporting.export import main
 
 if __name__ == "__main__":
     main()

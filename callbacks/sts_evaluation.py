@@ -35,6 +35,7 @@ from evaluation.report import attach_scoring_details, scoring_provenance, write_
 from evaluation.sts import check_scoring, evaluate_sts
 from evaluation.suite import evaluate_tasks
 from evaluation.wandb_tables import log_sts_tables
+from inference.model_sources import merge_poolers
 from lightning_modules.checkpoint import load_memory_mapped
 from poolers import build_poolers
 from poolers.base import Pooler
@@ -94,9 +95,7 @@ class STSEvaluationCallback(pl.Callback):
 
     def poolers_for(self, module, extra: list[str]) -> list[Pooler]:
         """The module's evaluation poolers, then each extra one whose name they do not already use."""
-        own = module.eval_poolers()
-        names = {pooler.name for pooler in own}
-        return own + [p for p in self._build(extra) if p.name not in names]
+        return merge_poolers(module.eval_poolers(), self._build(extra))
 
     @contextmanager
     def _scoring(self, module, extra_poolers: list[str]) -> Iterator[tuple[Encoder, list[Pooler]]]:

@@ -27,8 +27,7 @@ from typing import Any, Literal, Union
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError, UserError
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+from configs import CONFIG_DIR
 
 # -- declared once per parameter name --------------------------------------------------------------------------------
 

@@ -22,6 +22,16 @@ def sha256_file(path: Path) -> str:
     return _CACHE[key]
 
 
+def count_lines(path: Path) -> int:
+    """Lines as `wc -l` counts them, plus a last line without a newline."""
+    lines, last = 0, b"\n"
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
+
+
 def verify_file(root: Path, relative: str, expected_sha256: str) -> Path:
     """Return `root/relative` after checking it exists and has the expected sha256."""
     path = root / relative

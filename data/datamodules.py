@@ -73,8 +73,7 @@ class _StringDataModule(pl.LightningDataModule):
         if path.is_absolute():
             return path
         if self.download:
-            source = load_source(self.download)
-            return fetch(source["url"], self.cache_dir, source.get("sha256"))
+            return fetch(load_source(self.download), self.cache_dir)
         return resolve_data_root(self.data_root) / path
 
     def load(self) -> list:

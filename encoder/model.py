@@ -46,6 +46,13 @@ def resolve_model_path(name_or_path: str) -> str:
     raise ConfigError(f"model {name_or_path!r}: package {module_name!r} has no get_model_path() or MODEL_DIR")
 
 
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`None` / "auto": CUDA when present, else CPU."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def check_model_source(name_or_path: str) -> str:
     """The resolved path of a hub name, local directory or `package:MODULE`, checked without loading the model: a
     local directory must exist and each of its safetensors files must be complete (only the header is read)."""
@@ -224,8 +231,7 @@ class Encoder:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.name_or_path = name_or_path
         self.path = path
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                                   "cpu" if device == "auto" else device)
+        self.device = resolve_device(device)
         self.batch_size = batch_size
         self.dtype = dtype
         self.attentions = attentions
@@ -300,10 +306,14 @@ class Encoder:
         template: Template | None = None,
         sentence_rule: str = "none",
         max_sentence_tokens: int | None = None,
+        *,
+        batch_size: int | None = None,
+        progress: bool | None = None,
     ) -> dict[str, np.ndarray]:
         """Embed `sentences` with every pooler; returns pooler name -> float32 array [N, D].
 
-        Poolers that share an input form share one forward pass per sentence.
+        Poolers that share an input form share one forward pass per sentence. `batch_size` / `progress` apply to this
+        call only (None: the encoder's own).
         """
         self.check_poolers(poolers, template)
         by_form: dict[InputForm, list[Pooler]] = defaultdict(list)
@@ -313,16 +323,22 @@ class Encoder:
         embeddings: dict[str, np.ndarray] = {}
         self.truncation = {}
         for form, form_poolers in by_form.items():
-            embeddings.update(self.encode_form(sentences, form_poolers, form))
+            embeddings.update(self.encode_form(sentences, form_poolers, form, batch_size=batch_size,
+                                               progress=progress))
         return {pooler.name: embeddings[pooler.name] for pooler in poolers}
 
     def input_builder(self, form: InputForm) -> InputBuilder:
         return InputBuilder(self.tokenizer, form, self.max_length)
 
     def encode_form(
-        self, sentences: Sequence[str], poolers: Sequence[Pooler], form: InputForm
+        self, sentences: Sequence[str], poolers: Sequence[Pooler], form: InputForm, *, batch_size: int | None = None,
+        progress: bool | None = None,
     ) -> dict[str, np.ndarray]:
         """One input form: tokenize all, sort by length, one forward per batch, every pooler on every batch."""
+        batch_size = self.batch_size if batch_size is None else int(batch_size)
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        progress = self.progress if progress is None else bool(progress)
         builder = self.input_builder(form)
         items = builder.build(list(sentences))
         label = "templated" if form.template else "plain"
@@ -330,9 +346,9 @@ class Encoder:
         order = np.argsort([-len(item.input_ids) for item in items], kind="stable")
         needs = combine_needs(poolers, self.num_layers)
         chunks: dict[str, list[torch.Tensor]] = {pooler.name: [] for pooler in poolers}
-        starts = range(0, len(items), self.batch_size)
-        for start in tqdm(starts, desc=f"encode ({label})", unit="batch", disable=not self.progress, leave=False):
-            batch = collate([items[i] for i in order[start : start + self.batch_size]],
+        starts = range(0, len(items), batch_size)
+        for start in tqdm(starts, desc=f"encode ({label})", unit="batch", disable=not progress, leave=False):
+            batch = collate([items[i] for i in order[start : start + batch_size]],
                             self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
             with torch.inference_mode():
                 out = self.forward(batch, needs, builder)

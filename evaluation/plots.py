@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from common.io import atomic_write
+from common.optional import available, install_hint
+
+log = logging.getLogger(__name__)
 
 TASK_ABBREVIATIONS = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "googlenews-TS": "GN-TS",
                       "googlenews-T": "GN-T", "googlenews-S": "GN-S", "searchsnippets": "snippets",
@@ -12,16 +16,33 @@ TASK_ABBREVIATIONS = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "goo
 
 
 MAX_BAR_ROWS = 4
+_warned = False
 
 
-def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str,
-                axis_label: str = "Spearman x100 (cosine)") -> Path:
-    """Grouped bars (one group per task, one bar per row) for up to 4 rows; beyond that an annotated heatmap
-    (rows x tasks), which stays readable for the 20-odd rows of a poolers x post-processors run."""
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (PNG charts are skipped, with one warning per process) when
+    the optional matplotlib is not installed."""
+    global _warned
+    if not available("matplotlib"):
+        if not _warned:
+            log.warning("matplotlib is not installed: PNG charts are skipped; %s", install_hint("matplotlib"))
+            _warned = True
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str,
+                axis_label: str = "Spearman x100 (cosine)") -> Path | None:
+    """Grouped bars (one group per task, one bar per row) for up to 4 rows; beyond that an annotated heatmap
+    (rows x tasks), which stays readable for the 20-odd rows of a poolers x post-processors run."""
+    plt = pyplot()
+    if plt is None:
+        return None
 
     tasks = list(next(iter(scores.values())))
     labels = [TASK_ABBREVIATIONS.get(t, t) for t in tasks]
@@ -55,12 +76,11 @@ def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str,
     return path
 
 
-def plot_curve(points: list[dict], path: Path, title: str) -> Path:
+def plot_curve(points: list[dict], path: Path, title: str) -> Path | None:
     """One line per pooler: score vs optimiser step (`points` = [{"step": s, pooler: value, ...}, ...])."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return None
 
     poolers = [key for key in points[0] if key not in ("step", "seconds")]
     fig, ax = plt.subplots(figsize=(6.0, 3.6))

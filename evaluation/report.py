@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import platform
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 from common.io import atomic_write_json, atomic_write_text
+from common.version import framework_version
 from evaluation.plots import TASK_ABBREVIATIONS, plot_scores
 
 
@@ -17,22 +17,14 @@ def software_versions() -> dict[str, str]:
     import torch
     import transformers
 
-    versions = {
+    return {
+        "promptemb": framework_version(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "numpy": numpy.__version__,
         "scipy": scipy.__version__,
     }
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-        versions["project_commit"] = commit
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return versions
 
 
 def utc_timestamp() -> str:

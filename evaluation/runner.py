@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from evaluation.report import (
 )
 from evaluation.suite import evaluate_tasks
 from evaluation.transfer import ClassifierConfig
+from inference.model_sources import check_input_form, merge_poolers, open_trained_model
 from poolers import build_pooler, build_poolers
 from poolers.fitted import CorpusFittedPooler
 from postprocessing import build_posts
@@ -60,14 +62,43 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
     )
 
 
-def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poolers, seed: int,
-               versions: dict | None = None) -> dict:
-    """`versions` as taken when the run started (the project commit may move while a long run is going)."""
-    return {
-        **scoring_provenance(encoder, template, cfg.sentence_rule, cfg.max_sentence_tokens, poolers, versions),
-        "seed": seed,
-        "config": OmegaConf.to_container(cfg, resolve=True),
-    }
+@dataclass
+class Scoring:
+    """The encoder, poolers and input form a run scores with; `source` describes a trained model's origin."""
+
+    encoder: Encoder
+    poolers: list
+    template: Template | None
+    sentence_rule: str
+    max_sentence_tokens: int | None
+    source: dict | None = None
+
+
+def open_scoring(cfg: DictConfig, poolers: list) -> Scoring:
+    """A trained model (checkpoint, run folder, export) with its own poolers and recorded input form, then the
+    configured `poolers` not already among them; a pretrained model with the configured template and poolers."""
+    name_or_path = str(cfg.model.name_or_path)
+    trained = open_trained_model(name_or_path, device=cfg.model.device, batch_size=int(cfg.model.batch_size),
+                                 attentions=combine_needs(poolers).attentions)
+    if trained is None:
+        return Scoring(build_encoder(cfg, poolers), poolers, build_template(cfg), str(cfg.sentence_rule),
+                       cfg.max_sentence_tokens)
+    build_template(cfg)  # the sentence rule is checked as for any model
+    check_input_form(trained, cfg.template, str(cfg.sentence_rule), cfg.max_sentence_tokens)
+    trained.encoder.progress = bool(cfg.progress)
+    log.info("scoring %s %s with its own template %r and poolers %s", trained.source["kind"], name_or_path,
+             trained.template.text, ", ".join(p.name for p in trained.poolers))
+    return Scoring(trained.encoder, merge_poolers(trained.poolers, poolers), trained.template, trained.sentence_rule,
+                   trained.max_sentence_tokens, trained.source)
+
+
+def provenance(cfg: DictConfig, scoring: Scoring, seed: int, versions: dict | None = None) -> dict:
+    """`versions` as taken when the run started."""
+    prov = scoring_provenance(scoring.encoder, scoring.template, scoring.sentence_rule, scoring.max_sentence_tokens,
+                              scoring.poolers, versions)
+    if scoring.source is not None:
+        prov["model"]["source"] = scoring.source
+    return {**prov, "seed": seed, "config": OmegaConf.to_container(cfg, resolve=True)}
 
 
 def protocol_config(kind, overrides, key: str):
@@ -86,7 +117,6 @@ def score(cfg: DictConfig) -> dict:
     seed_everything(int(cfg.seed))
     transfer_config = protocol_config(ClassifierConfig, cfg.get("transfer_args"), "transfer_args")
     clustering_config = protocol_config(ClusteringConfig, cfg.get("clustering_args"), "clustering_args")
-    template = build_template(cfg)
     poolers = build_poolers(list(cfg.poolers), OmegaConf.to_container(cfg.pooler_args))
     posts = build_posts(list(cfg.post), OmegaConf.to_container(cfg.post_args))
     registry = load_registry(Path(cfg.task_registry or REGISTRY_FILE))
@@ -95,12 +125,13 @@ def score(cfg: DictConfig) -> dict:
     corpora = Corpora(root, registry)
     corpora.check_label(str(cfg.fit_corpus))
     started, versions = time.perf_counter(), software_versions()
-    encoder = build_encoder(cfg, poolers)
-    result = evaluate_tasks(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens,
-                            posts=posts, fit_corpus=str(cfg.fit_corpus), corpora=corpora,
+    scoring = open_scoring(cfg, poolers)
+    encoder = scoring.encoder
+    result = evaluate_tasks(encoder, tasks, root, scoring.poolers, scoring.template, scoring.sentence_rule,
+                            scoring.max_sentence_tokens, posts=posts, fit_corpus=str(cfg.fit_corpus), corpora=corpora,
                             analyse=analyse_task if cfg.analysis else None, transfer_config=transfer_config,
                             clustering_config=clustering_config)
-    prov = attach_scoring_details(provenance(cfg, encoder, template, poolers, int(cfg.seed), versions), result,
+    prov = attach_scoring_details(provenance(cfg, scoring, int(cfg.seed), versions), result,
                                   str(cfg.fit_corpus))
     prov["data_root"] = str(root)
     prov["forward_sequences"] = encoder.stats.forward_sequences
@@ -119,10 +150,13 @@ def encode(cfg: DictConfig) -> np.ndarray:
     if not cfg.input or not cfg.output:
         raise ConfigError("mode=encode needs input=FILE.txt and output=FILE.npy")
     seed_everything(int(cfg.seed))
-    template = build_template(cfg)
     pooler = build_pooler(str(cfg.pooler), **OmegaConf.to_container(cfg.pooler_args).get(str(cfg.pooler), {}))
     sentences = read_sentences(Path(cfg.input))
-    encoder = build_encoder(cfg, [pooler])
+    scoring = open_scoring(cfg, [pooler])
+    # a trained model's own pooler of that name (e.g. its denoised [MASK] with its head) replaces the built one
+    pooler = next(p for p in scoring.poolers if p.name == pooler.name)
+    scoring = replace(scoring, poolers=[pooler])
+    encoder, template = scoring.encoder, scoring.template
     encoder.check_poolers([pooler], template)  # binds tokenizer and encoder, which some fits need
     if isinstance(pooler, CorpusFittedPooler):
         # "T" is the input file itself; any other label is resolved as for scoring
@@ -132,7 +166,8 @@ def encode(cfg: DictConfig) -> np.ndarray:
             resolve_data_root(cfg.data_root), load_registry(Path(cfg.task_registry or REGISTRY_FILE))
         ).sentences(label)
         pooler.fit(label, fit_sentences, encoder.tokenizer)
-    embeddings = encoder.embed(sentences, [pooler], template, cfg.sentence_rule, cfg.max_sentence_tokens)[pooler.name]
+    embeddings = encoder.embed(sentences, [pooler], template, scoring.sentence_rule,
+                               scoring.max_sentence_tokens)[pooler.name]
     embeddings = embeddings.astype(np.float32)
     (label, cut), = encoder.truncation.items()
     truncated = int(cut.truncated.sum())
@@ -149,7 +184,7 @@ def encode(cfg: DictConfig) -> np.ndarray:
     atomic_write_json(output.with_suffix(output.suffix + ".json"),
                       {"input": str(cfg.input), "rows": len(sentences),
                        "truncated": {"sentences": truncated, "max_tokens": cut.max_sentence_tokens},
-                       "provenance": provenance(cfg, encoder, template, [pooler], int(cfg.seed))})
+                       "provenance": provenance(cfg, scoring, int(cfg.seed))})
     print(f"wrote {output}: {embeddings.shape[0]} x {embeddings.shape[1]} float32 ({pooler.name} pooling)")
     return embeddings
 

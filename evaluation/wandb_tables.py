@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.optional import require
+
 
 def sts_table_rows(result: dict) -> tuple[list[str], list[list]]:
     """(columns, rows): "variant", every task in first-seen order, "avg" last."""
@@ -29,7 +31,7 @@ def log_sts_tables(loggers, result: dict, key: str = "final/sts", step: int | No
     targets = [logger for logger in loggers or () if isinstance(logger, WandbLogger)]
     if not targets:
         return 0
-    import wandb
+    wandb = require("wandb", "logging tables to W&B")
 
     columns, rows = sts_table_rows(result)
     scalars = {f"{key}/{row[0]}/{task}": value for row in rows for task, value in zip(columns[1:], row[1:])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from common.errors import ConfigError, DataError
 from common.io import umask_mode
+from common.optional import require
 from exporting.hf_export import write_hf_directory
 from exporting.model_card import model_card
 from exporting.st_export import write_sentence_transformers_files
@@ -18,6 +19,8 @@ from inference.prompt_encoder import PromptEncoder, export_block
 
 
 def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse, before any work, an `out` that cannot take the export (and an install without the export extra)."""
+    require("sentence_transformers", "export")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out={out} is a file; pass a directory path")
     if out.is_dir() and any(out.iterdir()):

@@ -7,16 +7,18 @@ import json
 import shutil
 from pathlib import Path
 
+from common.optional import require
+
 MODULE_FILE = "promptemb_st_module.py"
 MODULE_CLASS = "promptemb_st_module.PromptEncoderModule"
 SOURCE = Path(__file__).with_name("st_module.py")
 
 
 def write_sentence_transformers_files(directory: Path) -> None:
-    import sentence_transformers
     import torch
     import transformers
 
+    sentence_transformers = require("sentence_transformers", "an export's sentence-transformers files")
     shutil.copyfile(SOURCE, directory / MODULE_FILE)
     modules = [{"idx": 0, "name": "0", "path": "", "type": MODULE_CLASS}]
     (directory / "modules.json").write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")

@@ -59,20 +59,11 @@ class MTEBEncoder:
             texts = batch_texts(inputs)
         else:  # mteb 2.x: DataLoader of batches
             texts = [text for batch in inputs for text in batch_texts(batch)]
-        return self.encoder.encode(texts, batch_size=kwargs.get("batch_size", self.batch_size))
-
-    @staticmethod
-    def _unit_rows(embeddings) -> np.ndarray:
-        rows = np.atleast_2d(np.asarray(embeddings.detach().cpu() if hasattr(embeddings, "detach") else embeddings,
-                                        dtype=np.float64))
-        return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        return self.encoder.encode(texts, batch_size=kwargs.get("batch_size", self.batch_size),
+                                   show_progress_bar=kwargs.get("show_progress_bar"))
 
     def similarity(self, embeddings1, embeddings2):
-        import torch
-
-        return torch.from_numpy(self._unit_rows(embeddings1) @ self._unit_rows(embeddings2).T)
+        return self.encoder.similarity(embeddings1, embeddings2)
 
     def similarity_pairwise(self, embeddings1, embeddings2):
-        import torch
-
-        return torch.from_numpy((self._unit_rows(embeddings1) * self._unit_rows(embeddings2)).sum(1))
+        return self.encoder.similarity_pairwise(embeddings1, embeddings2)

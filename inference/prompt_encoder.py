@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from common.errors import ConfigError, DataError
+from common.version import framework_version
 from encoder.inputs import InputForm
-from encoder.model import Encoder
+from encoder.model import Encoder, resolve_device
 from encoder.template import Template
 from lightning_modules.heads import MLMTransformHead
 from lightning_modules.soft_template import SoftTemplate
@@ -28,15 +29,6 @@ FORMAT_VERSION = 1
 POOLERS = ("mask", "avg")
 HEAD_FILE = "promptemb_head.safetensors"
 SOFT_TEMPLATE_FILE = "promptemb_soft_template.safetensors"
-
-
-def framework_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("promptemb")
-    except Exception:
-        return "0.1.0"
 
 
 class PromptEncoder:
@@ -92,19 +84,61 @@ class PromptEncoder:
         self.encoder.device = torch.device(device)
         return self
 
-    def encode(self, sentences: list[str] | str, batch_size: int | None = None, normalize: bool = False) -> np.ndarray:
-        """float32 [N, D] embeddings (a single string gives [D])."""
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.device
+
+    def encode(
+        self,
+        sentences: str | list[str],
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device: str | torch.device | None = None,
+        normalize_embeddings: bool = False,
+    ) -> np.ndarray | torch.Tensor | list[torch.Tensor]:
+        """Embeddings as `SentenceTransformer.encode` returns them, with its argument names and defaults: a float32
+        array [N, D] (a single string gives [D]); `convert_to_tensor` a tensor on the model's device (it wins over
+        `convert_to_numpy`); neither: a list of tensors. `batch_size`, `show_progress_bar` and `device` hold for this
+        call only: the encoder is left as it was (on a `device` other than its own it is moved there and back)."""
         single = isinstance(sentences, str)
         sentences = [sentences] if single else list(sentences)
-        if batch_size is not None:
-            self.encoder.batch_size = int(batch_size)
-        if not sentences:
-            return np.zeros((0, self.encoder.hidden_size), dtype=np.float32)
-        embeddings = self.encoder.embed(sentences, [self.pooler], self.template, self.sentence_rule,
-                                        self.max_sentence_tokens)[self.pooler.name].astype(np.float32)
-        if normalize:
-            embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
-        return embeddings[0] if single else embeddings
+        home = self.device
+        target = home if device is None else resolve_device(device)
+        if target != home:
+            self.to(target)
+        try:
+            if sentences:
+                embeddings = torch.from_numpy(self.encoder.embed(
+                    sentences, [self.pooler], self.template, self.sentence_rule, self.max_sentence_tokens,
+                    batch_size=batch_size, progress=show_progress_bar)[self.pooler.name].astype(np.float32))
+            else:
+                embeddings = torch.zeros((0, self.encoder.hidden_size), dtype=torch.float32)
+        finally:
+            if target != home:
+                self.to(home)
+        if normalize_embeddings:
+            embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+        if convert_to_tensor:
+            embeddings = embeddings.to(target)
+            return embeddings[0] if single else embeddings
+        if convert_to_numpy:
+            array = embeddings.numpy()
+            return array[0] if single else array
+        rows = [row.to(target) for row in embeddings]
+        return rows[0] if single else rows
+
+    @staticmethod
+    def similarity(embeddings1, embeddings2) -> torch.Tensor:
+        """Cosine similarity matrix [N, M] of two sets of embeddings (arrays, tensors or lists of rows), as
+        `SentenceTransformer.similarity` with its default (cosine) similarity function."""
+        return unit_rows(embeddings1) @ unit_rows(embeddings2).T
+
+    @staticmethod
+    def similarity_pairwise(embeddings1, embeddings2) -> torch.Tensor:
+        """Cosine similarity of each pair of rows [N]."""
+        return (unit_rows(embeddings1) * unit_rows(embeddings2)).sum(1)
 
     # -- records --------------------------------------------------------------------------------------------------
 
@@ -168,11 +202,13 @@ class PromptEncoder:
 
     @classmethod
     def from_export(cls, directory: str | Path, *, pooler: str | None = None, batch_size: int = 64,
-                    device: str = "cpu") -> PromptEncoder:
+                    device: str | None = None) -> PromptEncoder:
+        """`device` None / "auto": CUDA when present."""
         from safetensors.torch import load_file
         from transformers import AutoModel, AutoTokenizer
 
         directory = Path(directory)
+        device = resolve_device(device)
         record = read_export_record(directory)
         transformer = AutoModel.from_pretrained(directory).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -197,6 +233,14 @@ class PromptEncoder:
         if encoder.builder.prefix_ids != record["prefix_ids"] or encoder.builder.suffix_ids != record["suffix_ids"]:
             raise DataError(f"{directory}: the tokenizer does not reproduce the recorded template ids")
         return encoder
+
+
+def unit_rows(embeddings) -> torch.Tensor:
+    """float32 CPU rows of unit length ([D] -> [1, D]; a list of rows is stacked)."""
+    if isinstance(embeddings, list | tuple):
+        embeddings = torch.stack([torch.as_tensor(row) for row in embeddings]) if embeddings else torch.zeros(0, 0)
+    rows = torch.atleast_2d(torch.as_tensor(embeddings).detach().cpu().float())
+    return torch.nn.functional.normalize(rows, p=2, dim=1)
 
 
 def export_block(directory: Path) -> dict | None:
@@ -224,11 +268,12 @@ def read_export_record(directory: Path) -> dict:
     return record
 
 
-def load_encoder(path: str | Path, *, pooler: str | None = None, batch_size: int = 64, device: str = "cpu",
+def load_encoder(path: str | Path, *, pooler: str | None = None, batch_size: int = 64, device: str | None = None,
                  base_model: str | None = None) -> PromptEncoder:
-    """A `PromptEncoder` from an export directory or a train.py checkpoint file."""
+    """A `PromptEncoder` from an export directory or a train.py checkpoint file, on `device` (None / "auto": CUDA
+    when present, as sentence-transformers)."""
     path = Path(path)
     if path.is_dir():
         return PromptEncoder.from_export(path, pooler=pooler, batch_size=batch_size, device=device)
     encoder = PromptEncoder.from_checkpoint(path, base_model=base_model, pooler=pooler, batch_size=batch_size)
-    return encoder.to(device)
+    return encoder.to(resolve_device(device))

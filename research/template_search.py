@@ -23,6 +23,7 @@ import yaml
 
 from common.errors import ConfigError, exit_on_user_error
 from common.io import atomic_write_text
+from configs import CONFIG_DIR
 from encoder.model import Encoder
 from encoder.template import SENTENCE_RULES, Template
 from poolers import build_pooler
@@ -30,8 +31,7 @@ from research.outputs import markdown, provenance, write_outputs
 from research.plots import plot_ranked_bars
 from research.task_groups import TASK_GROUPS, build_task_group
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CANDIDATES = REPO / "configs/template_search/promptbert_bert.yaml"
+DEFAULT_CANDIDATES = CONFIG_DIR / "template_search/promptbert_bert.yaml"
 
 
 @dataclass
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pooler", default="mask", help="a pooler over the templated input (mask, avg, ...)")
     parser.add_argument("--sentence-rule", default="none", choices=SENTENCE_RULES)
     parser.add_argument("--register", default=None, metavar="NAME", help="write the winner as a named config")
-    parser.add_argument("--configs-dir", default=str(REPO / "configs"))
+    parser.add_argument("--configs-dir", default=str(CONFIG_DIR))
     parser.add_argument("--top", type=int, default=20, help="templates shown in the PNG")
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--task-registry", default=None)

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import Logger, WandbLogger
 
 from common.errors import ConfigError
+from common.optional import require
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ def build_loggers(cfg_logger: DictConfig | None, resume: dict | None = None) -> 
         if sub.get("_target_") == RESUMABLE_CSV_TARGET and resume is not None:
             sub = OmegaConf.merge(sub, {"resume_step": int(resume.get("global_step", 0))})
         if is_wandb(sub):
+            require("wandb", "logger=wandb")
             check_wandb_config(sub)
             run_id = wandb_run_id(resume) if resume is not None else None
             if run_id and not sub.get("id") and sub.get("mode") != "disabled":

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
 from common.io import atomic_write_json
+from common.optional import require
 from training.trials import COMPLETED, exit_if_failed, run_trial, summarise, task_overrides
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def override_value(value) -> str:
 
 def run_study(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None]) -> float | None:
     """Run the configured study; returns the best objective (None if no trial completed)."""
-    import optuna
+    optuna = require("optuna", "hparams_search (Optuna)")
     from hydra import compose
     from hydra.utils import instantiate
 

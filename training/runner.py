@@ -19,6 +19,7 @@ from callbacks.sts_evaluation import STSEvaluationCallback
 from callbacks.wandb_run import WandbRunCallback
 from common.errors import ConfigError, PreemptedError, UserError
 from common.validation import check_train_config
+from configs import CONFIG_DIR
 from data.root import resolve_data_root
 from exporting.runner import check_out, export_checkpoint
 from lightning_modules.checkpoint import read_checkpoint
@@ -29,7 +30,6 @@ from training.run_dirs import in_multirun, resume_checkpoint
 from training.trials import run_trial
 
 log = logging.getLogger(__name__)
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
 

@@ -27,9 +27,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from common.errors import ConfigError, exit_on_user_error
+from configs import CONFIG_DIR
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG_DIR = REPO / "configs"
 HYDRA_ARG_MACROS = ("${args_no_hyphens}", "${args_append_hydra}", "${args_override_hydra}")
 DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "uniform", "q_uniform", "log_uniform_values",
                  "q_log_uniform_values", "log_uniform", "normal")

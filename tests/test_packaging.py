@@ -1,0 +1,101 @@
+"""`pip install .` (not editable) gives a working install: a wheel is built from a copy of the source tree,
+installed into a fresh venv, and its console scripts run from a temporary directory (no checkout on the path).
+
+The venv reuses the test interpreter's installed dependencies through a .pth line (nothing is downloaded); the
+wheel is installed with --no-deps. Slow (a build, a scoring run and a one-step training run): `pytest -m slow`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
+SOURCE_PARTS = ("pyproject.toml", "README.md", "LICENSE", "configs", "common", "data", "encoder", "poolers",
+                "evaluation", "lightning_modules", "callbacks", "training", "inference", "exporting", "postprocessing",
+                "research")
+
+
+def run(command: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """bin/ of a fresh venv holding the wheel built from this source tree."""
+    work = tmp_path_factory.mktemp("wheel")
+    source = work / "source"
+    source.mkdir()
+    for part in SOURCE_PARTS:  # a clean copy: no build/ or egg-info of the checkout leaks into the wheel
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, source / part)
+    built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
+                 "-w", str(work / "dist")], cwd=work)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel, = (work / "dist").glob("promptemb-*.whl")
+    venv = work / "venv"
+    made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=work)
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    purelib = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                       cwd=work).stdout.strip())
+    # the test interpreter's dependencies, appended after the venv's own site-packages (a plain path line: the
+    # .pth files there, e.g. an editable install of the checkout, are not processed)
+    (purelib / "promptemb_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    installed = run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                     str(wheel)], cwd=work)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    return venv / "bin"
+
+
+def clean_env(data_root: Path) -> dict:
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PROMPTEMB_DATA")}
+    return {**env, "PROMPTEMB_DATA": str(data_root), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+
+
+@pytest.mark.slow
+def test_installed_package_is_self_contained(installed, tmp_path):
+    probe = run([str(installed / "python"), "-c",
+                 "import importlib.metadata as m, common, configs; print(common.__file__); print(configs.CONFIG_DIR); "
+                 "print(m.version('promptemb'))"], cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    module_file, config_dir, version = probe.stdout.split()
+    site = str(installed.parent / "lib")
+    assert module_file.startswith(site) and config_dir.startswith(site), "imported the checkout, not the install"
+    assert (Path(config_dir) / "train.yaml").is_file() and (Path(config_dir) / "experiment").is_dir()
+    assert version == "0.1.0"
+    for script in ("promptemb-train", "promptemb-evaluate", "promptemb-export"):
+        assert (installed / script).is_file()
+
+
+@pytest.mark.slow
+def test_console_scripts_score_and_train_from_any_directory(installed, tiny_bert, real_data_root, tmp_path):
+    env = clean_env(real_data_root)
+    scored = run([str(installed / "promptemb-evaluate"), f"model.name_or_path={tiny_bert}", "tasks=[STSBenchmark]",
+                  "poolers=[mean]", "output_dir=scores", "progress=false", "model.device=cpu"], cwd=tmp_path, env=env)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    results = json.loads((tmp_path / "scores" / "results.json").read_text())
+    assert -100 <= results["scores"]["mean"]["STSBenchmark"] <= 100
+    assert results["provenance"]["versions"]["promptemb"] == "0.1.0"
+
+    trained = run([str(installed / "promptemb-train"), "experiment=quickstart_unsup",
+                   f"module.model_name_or_path={tiny_bert}", "trainer.fast_dev_run=true", "trainer.accelerator=cpu",
+                   "trainer.precision=32-true", "output_dir=run", "data.batch_size=4", "data.num_workers=0",
+                   "data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64",
+                   "callbacks.sts_evaluation.final_tasks=[STSBenchmark]"], cwd=tmp_path, env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert set(results["scores"]) == {"mask", "avg"}
+    assert (tmp_path / "run" / "train.log").is_file(), "Hydra's job log keeps the name train.log"

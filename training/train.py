@@ -1,0 +1,30 @@
+"""`train.py` / `promptemb-train`: train a prompt-based sentence encoder (`promptemb-train experiment=NAME`).
+
+Hydra names the job after this module (`train`), so the run folder's log is train.log whichever way it is started.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from common.cli import quote_free_text_overrides
+from common.errors import exit_on_user_error
+from common.validation import check_run_dir_before_hydra
+from configs import CONFIG_DIR
+from training.runner import check_experiment_overrides, check_override_keys, run
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+@exit_on_user_error
+def compose_and_run(cfg: DictConfig) -> float | None:
+    """Returns the best STS-B dev [MASK] score (the objective of sweeps)."""
+    return run(cfg)
+
+
+def main() -> None:
+    exit_on_user_error(check_experiment_overrides)(sys.argv[1:])
+    sys.argv = quote_free_text_overrides(sys.argv)
+    exit_on_user_error(check_override_keys)(sys.argv[1:])
+    exit_on_user_error(check_run_dir_before_hydra)("train", sys.argv[1:])
+    compose_and_run()
