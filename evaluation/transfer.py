@@ -14,8 +14,10 @@ the global generators for every classifier it builds. Examples come in SentEval'
 `StratifiedKFold(shuffle=True, random_state=seed)` draws SentEval's folds.
 
 What differs is speed: all the classifiers of a task (folds x L2 values) train at once as one batched linear model
-with a per-model Adam state and per-model early stopping, on embeddings computed once; a model that has stopped
-leaves the batch.
+with a per-model Adam state and per-model early stopping, on embeddings computed once. Classifiers that train on the
+same rows with the same seeded stream (the L2 values of one fold) see identical batches, so they share one gathered
+batch and one matmul as a single wider model; a group leaves the batch when all its models have stopped. Results
+equal the sequential classifier's up to float rounding (summation order, torch's fused Adam kernel).
 
 L2 selection per protocol (scores rounded to 2 decimals before the argmax, first best wins, as SentEval does):
 * inner_kfold (MR CR SUBJ MPQA): outer 10-fold; inside each outer train part the same 10-fold split scores each L2
