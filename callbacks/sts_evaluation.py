@@ -22,18 +22,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytorch_lightning as pl
+from omegaconf import OmegaConf
 
 from common.errors import DivergenceError
 from common.io import atomic_write_json
 from data.root import resolve_data_root
-from data.tasks import STS_SUITE, get_tasks, load_registry
+from data.tasks import REGISTRY_FILE, STS_SUITE, get_tasks, load_registry
 from encoder.model import Encoder, attention_implementation, combine_needs
 from evaluation.analysis import analyse_task
+from evaluation.clustering import ClusteringConfig
 from evaluation.corpora import TARGET, Corpora
 from evaluation.plots import plot_curve
-from evaluation.report import attach_scoring_details, scoring_provenance, write_report
+from evaluation.report import attach_scoring_details, plot_name, scoring_provenance, write_report
+from evaluation.runner import protocol_config
 from evaluation.sts import check_scoring, evaluate_sts
 from evaluation.suite import evaluate_tasks
+from evaluation.transfer import ClassifierConfig
 from evaluation.wandb_tables import log_sts_tables
 from inference.model_sources import merge_poolers
 from lightning_modules.checkpoint import load_memory_mapped
@@ -64,9 +68,13 @@ class STSEvaluationCallback(pl.Callback):
         fit_corpus: str = TARGET,
         analysis: bool = False,
         dev_poolers: list[str] | tuple[str, ...] = (),
+        task_registry: str | None = None,
+        transfer_args: dict | None = None,
+        clustering_args: dict | None = None,
     ):
-        """`poolers` / `post` / `fit_corpus` / `analysis` as in evaluate.py, for the final scoring; `dev_poolers`
-        are scored on the dev task at every evaluation too (on top of the module's own [MASK] and avg)."""
+        """`poolers` / `post` / `fit_corpus` / `analysis` / `task_registry` / `transfer_args` / `clustering_args` as
+        in evaluate.py, for the final scoring; `dev_poolers` are scored on the dev task at every evaluation too (on top
+        of the module's own [MASK] and avg)."""
         self.output_dir = Path(output_dir)
         self.data_root = data_root
         self.every_n_steps = every_n_steps
@@ -82,6 +90,11 @@ class STSEvaluationCallback(pl.Callback):
         self.dev_extra_poolers = list(dev_poolers)
         self.fit_corpus = fit_corpus
         self.analysis = analysis
+        self.task_registry = Path(task_registry) if task_registry else REGISTRY_FILE
+        self.transfer_config = protocol_config(ClassifierConfig, OmegaConf.create(dict(transfer_args or {})),
+                                               "transfer_args")
+        self.clustering_config = protocol_config(ClusteringConfig, OmegaConf.create(dict(clustering_args or {})),
+                                                 "clustering_args")
         # built now, so an unknown name or argument fails at instantiation; model-dependent checks: on_fit_start
         self._build(sorted({*self.extra_poolers, *self.dev_extra_poolers}), check_args=True)
         self.posts = build_posts(list(post), dict(post_args or {}))
@@ -112,7 +125,7 @@ class STSEvaluationCallback(pl.Callback):
             module.train(was_training)
 
     def _corpora(self) -> Corpora:
-        return Corpora(resolve_data_root(self.data_root), load_registry())
+        return Corpora(resolve_data_root(self.data_root), load_registry(self.task_registry))
 
     def score(self, module, tasks: list[str], extra_poolers: list[str] | None = None, final: bool = False,
               ) -> tuple[dict, Encoder, list[Pooler]]:
@@ -122,11 +135,14 @@ class STSEvaluationCallback(pl.Callback):
         with self._scoring(module, extra) as (encoder, poolers):
             corpora = self._corpora()
             # the final scoring may name any task family or group (`final_tasks: [sts, transfer, clustering]`)
-            scorer = evaluate_tasks if final else evaluate_sts
+            scorer, protocols = evaluate_sts, {}
+            if final:
+                scorer = evaluate_tasks
+                protocols = {"transfer_config": self.transfer_config, "clustering_config": self.clustering_config}
             result = scorer(
-                encoder, get_tasks(tasks), corpora.root, poolers, module.eval_template, module.hparams.sentence_rule,
-                posts=self.posts if final else (), fit_corpus=self.fit_corpus, corpora=corpora,
-                analyse=analyse_task if final and self.analysis else None,
+                encoder, get_tasks(tasks, corpora.registry), corpora.root, poolers, module.eval_template,
+                module.hparams.sentence_rule, posts=self.posts if final else (), fit_corpus=self.fit_corpus,
+                corpora=corpora, analyse=analyse_task if final and self.analysis else None, **protocols,
             )
         return result, encoder, poolers
 
@@ -255,7 +271,9 @@ class STSEvaluationCallback(pl.Callback):
                                        "analysis": result["analysis"], "families": result["families"],
                                        "provenance": provenance})
         log.info("final scores written to %s", self.output_dir / "results.md")
-        log_sts_tables(trainer.loggers, result, step=trainer.global_step, image_path=self.output_dir / "results.png")
+        for family, family_result in result["families"].items():  # final/sts, final/transfer, final/clustering
+            log_sts_tables(trainer.loggers, family_result, key=f"final/{family}", step=trainer.global_step,
+                           image_path=self.output_dir / plot_name(family))
 
     def _write_curve(self) -> None:
         atomic_write_json(self.output_dir / "curve.json", {"metric": self._metric("<pooler>"),

@@ -14,8 +14,10 @@ the global generators for every classifier it builds. Examples come in SentEval'
 `StratifiedKFold(shuffle=True, random_state=seed)` draws SentEval's folds.
 
 What differs is speed: all the classifiers of a task (folds x L2 values) train at once as one batched linear model
-with a per-model Adam state and per-model early stopping, on embeddings computed once; a model that has stopped
-leaves the batch.
+with a per-model Adam state and per-model early stopping, on embeddings computed once. Classifiers that train on the
+same rows with the same seeded stream (the L2 values of one fold) see identical batches, so they share one gathered
+batch and one matmul as a single wider model; a group leaves the batch when all its models have stopped. Results
+equal the sequential classifier's up to float rounding (summation order, torch's fused Adam kernel).
 
 L2 selection per protocol (scores rounded to 2 decimals before the argmax, first best wins, as SentEval does):
 * inner_kfold (MR CR SUBJ MPQA): outer 10-fold; inside each outer train part the same 10-fold split scores each L2
@@ -118,106 +120,129 @@ def initial_linear(dim: int, classes: int, seed: int) -> tuple[torch.Tensor, tor
     return layer.weight.detach().T.contiguous(), layer.bias.detach().clone()
 
 
-def _dev_accuracies(features, labels, weights, biases, devs: list[np.ndarray], chunk: int = 64) -> np.ndarray:
-    """Accuracy of each model on its own early-stopping rows."""
-    out = np.empty(len(devs))
-    for start in range(0, len(devs), chunk):
-        stop = min(start + chunk, len(devs))
-        rows = np.unique(np.concatenate(devs[start:stop]))
-        position = np.full(len(features), -1, dtype=np.int64)
-        position[rows] = np.arange(len(rows))
-        predicted = (torch.einsum("nd,mdc->mnc", features[torch.as_tensor(rows)], weights[start:stop])
-                     + biases[start:stop, None, :]).argmax(2)
-        for m in range(start, stop):
-            dev = devs[m]
-            hits = predicted[m - start, torch.as_tensor(position[dev])] == labels[torch.as_tensor(dev)]
-            out[m] = hits.double().sum().item() / len(dev)
+def group_probes(probes: Sequence[Probe]) -> list[list[int]]:
+    """Probes that train on the same rows with the same permutation stream see the same batches at every step (they
+    differ only in L2 and early-stopping rows): such a group trains as one wider linear model on one gathered batch."""
+    groups: dict[tuple, list[int]] = {}
+    for m, probe in enumerate(probes):
+        _, keys, position, has_gauss, gauss = probe.rng.get_state()
+        key = (len(probe.train), probe.train.tobytes(), keys.tobytes(), position, has_gauss, gauss)
+        groups.setdefault(key, []).append(m)
+    return list(groups.values())
+
+
+def _member_accuracies(features, labels, weights, members: list[int], probes: Sequence[Probe], classes: int
+                       ) -> list[float]:
+    """Accuracy of each member of one group (weights [K*C, d+1], member k = rows k*C..(k+1)*C) on its own
+    early-stopping rows."""
+    rows = np.unique(np.concatenate([probes[m].dev for m in members]))
+    position = np.full(len(features), -1, dtype=np.int64)
+    position[rows] = np.arange(len(rows))
+    logits = features[torch.as_tensor(rows)] @ weights.T  # [rows, K*C]
+    out = []
+    for k, m in enumerate(members):
+        dev = probes[m].dev
+        predicted = logits[torch.as_tensor(position[dev]), k * classes:(k + 1) * classes].argmax(1)
+        out.append((predicted == labels[torch.as_tensor(dev)]).double().sum().item() / len(dev))
     return out
 
 
 def fit_probes(features: torch.Tensor, labels: torch.Tensor, classes: int, probes: Sequence[Probe],
                config: ClassifierConfig) -> FittedProbes:
-    """Train every probe exactly as SentEval trains one classifier, all at once (see the module docstring)."""
+    """Train every probe exactly as SentEval trains one classifier, all at once (see the module docstring).
+
+    Layout: probes are grouped (see `group_probes`); group g holds K models side by side as one [K*C, d+1] matrix
+    (nn.Linear's [out, in] layout with the bias as a last input column fed by a constant 1, so one Adam update and
+    one matmul cover weight and bias; the penalty applies to both, as SentEval's weight decay does). Logits are kept
+    class-major ([G, K*C, batch]) so the softmax and the weight gradient run over long contiguous rows. The update is
+    torch's fused Adam kernel (SentEval's Adam, weight decay added to the gradient first, as torch's Adam does),
+    with a step count per group. A model that has stopped keeps computing inside its group until the whole group
+    stops, but is never read again."""
     count, dim = len(probes), features.shape[1]
     if any(len(p.train) == 0 or len(p.dev) == 0 for p in probes):
         raise DataError("a classifier has no training or no early-stopping rows; the task has too few examples "
                         f"for {config.kfold}-fold cross-validation")
+    groups = group_probes(probes)
+    width = max(len(members) for members in groups)
+    # pad every group to `width` models with copies of its first member (trained, never read)
+    padded = np.asarray([members + members[:1] * (width - len(members)) for members in groups], dtype=np.int64)
     w0, b0 = initial_linear(dim, classes, config.seed)
-    weights, biases = w0.repeat(count, 1, 1), b0.repeat(count, 1)
-    m_w, v_w = torch.zeros_like(weights), torch.zeros_like(weights)
-    m_b, v_b = torch.zeros_like(biases), torch.zeros_like(biases)
-    steps = torch.zeros(count, dtype=torch.float64)
-    l2 = torch.tensor([p.l2 for p in probes], dtype=features.dtype)
-    best_w, best_b = weights.clone(), biases.clone()
+    start = torch.cat([w0.T, b0[:, None]], dim=1)  # [C, d+1]
+    x_all = torch.cat([features, torch.ones(len(features), 1, dtype=features.dtype)], dim=1)
+    params = start.repeat(len(groups), width, 1)  # [G, K*C, d+1]
+    avg, avg_sq = torch.zeros_like(params), torch.zeros_like(params)
+    steps = torch.zeros(len(groups), dtype=torch.float32)  # fused Adam's step-count dtype
+    l2 = torch.tensor([probes[m].l2 for m in padded.ravel()], dtype=features.dtype).view(len(groups), width)
+    l2 = l2.repeat_interleave(classes, dim=1)[:, :, None]  # [G, K*C, 1]
+    best = start.repeat(count, 1, 1)  # [M, C, d+1]
     best_acc = np.full(count, -1.0)
     misses = np.zeros(count, dtype=np.int64)
     passes = np.zeros(count, dtype=np.int64)
-    active = np.arange(count)
-    beta1, beta2 = config.betas
+    active = np.ones(count, dtype=bool)
+    live_groups = np.arange(len(groups))
+    adam = dict(lr=config.learning_rate, beta1=config.betas[0], beta2=config.betas[1], weight_decay=0.0,
+                eps=config.eps, amsgrad=False, maximize=False)
     bs = config.batch_size
     nepoch = 0
-    while len(active) and nepoch <= config.max_epoch:
-        act = torch.as_tensor(active)
-        w, b = weights[act], biases[act]
-        mw, vw, mb, vb, t = m_w[act], v_w[act], m_b[act], v_b[act], steps[act]
-        decay = l2[act]
+    while len(live_groups) and nepoch <= config.max_epoch:
+        sel = torch.as_tensor(live_groups)
+        w, m1, m2, t, decay = params[sel], avg[sel], avg_sq[sel], steps[sel], l2[sel]
+        size = len(live_groups)
+        views = (w.unbind(0), m1.unbind(0), m2.unbind(0), t.unbind(0))
+        rngs = [probes[groups[g][0]].rng for g in live_groups]
+        trains = [probes[groups[g][0]].train for g in live_groups]
         for _ in range(config.epoch_size):
-            # one pass: each model's rows in its own permutation; batch j of model k = grid[k, j] (-1 = padding)
-            longest = max(len(probes[m].train) for m in active)
-            grid = np.full((len(active), -(-longest // bs) * bs), -1, dtype=np.int64)
-            for k, m in enumerate(active):
-                grid[k, : len(probes[m].train)] = probes[m].train[probes[m].rng.permutation(len(probes[m].train))]
-            grid = torch.from_numpy(grid.reshape(len(active), -1, bs))
+            # one pass: each group's rows in its own permutation; batch j of group k = grid[k, j] (-1 = padding)
+            longest = max(len(train) for train in trains)
+            grid = np.full((size, -(-longest // bs) * bs), -1, dtype=np.int64)
+            for k, (train, rng) in enumerate(zip(trains, rngs)):
+                grid[k, : len(train)] = train[rng.permutation(len(train))]
+            grid = torch.from_numpy(grid.reshape(size, -1, bs))
             valid = grid >= 0
             batch_sizes = valid.sum(2)
+            # each row's weight in its batch's mean loss (0 for padding)
+            row_weight = valid.to(features.dtype) / batch_sizes.clamp(min=1).to(features.dtype)[:, :, None]
+            live_per_step = (batch_sizes > 0).T.numpy()
             grid = grid.clamp(min=0)
+            minus_one = torch.full((size, width, 1, bs), -1.0, dtype=features.dtype)
             for j in range(grid.shape[1]):
-                sizes = batch_sizes[:, j]
-                live = sizes > 0
-                mask = valid[:, j].to(features.dtype)
-                x = features[grid[:, j]]  # [M, bs, d]
+                x = x_all[grid[:, j]]  # [G, bs, d+1]
                 y = labels[grid[:, j]]
-                logits = torch.baddbmm(b[:, None, :], x, w)
+                logits = torch.bmm(w, x.transpose(1, 2)).view(size, width, classes, bs)
                 grad_logits = torch.softmax(logits, dim=2)
-                grad_logits.scatter_add_(2, y[:, :, None], -torch.ones_like(y[:, :, None], dtype=features.dtype))
-                grad_logits *= (mask / sizes.clamp(min=1).to(features.dtype)[:, None])[..., None]
-                grad_w = torch.bmm(x.transpose(1, 2), grad_logits) + decay[:, None, None] * w
-                grad_b = grad_logits.sum(1) + decay[:, None] * b
-                every = bool(live.all())  # all but a pass's last batch or so: no model sits out
-                t = t + (1.0 if every else live.double())
-                # bias corrections in float64, as torch's Adam computes them in Python floats
-                step_size = (config.learning_rate / (1 - beta1 ** t)).to(features.dtype)
-                bias2_sqrt = (1 - beta2 ** t).sqrt().to(features.dtype)
-                if not every:
-                    step_size = torch.where(live, step_size, 0.0)
-                    bias2_sqrt = torch.where(live, bias2_sqrt, 1.0)
-                for param, grad, avg, avg_sq, shape in ((w, grad_w, mw, vw, (-1, 1, 1)), (b, grad_b, mb, vb, (-1, 1))):
-                    if every:
-                        avg.lerp_(grad, 1 - beta1)
-                        avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                    else:  # a model without a batch at this step keeps its moments (and takes a zero step)
-                        keep = live.view(shape)
-                        avg.copy_(torch.where(keep, avg.lerp(grad, 1 - beta1), avg))
-                        avg_sq.copy_(torch.where(keep, avg_sq * beta2 + (1 - beta2) * grad * grad, avg_sq))
-                    denom = (avg_sq.sqrt() / bias2_sqrt.view(shape)).add_(config.eps)
-                    param.sub_(step_size.view(shape) * avg / denom)
+                grad_logits.scatter_add_(2, y[:, None, None, :].expand(-1, width, 1, -1), minus_one)
+                grad_logits *= row_weight[:, None, None, j, :]
+                grad = torch.baddbmm(decay * w, grad_logits.view(size, width * classes, bs), x)
+                live = live_per_step[j]
+                if live.all():  # all but a pass's last batch or so: no group sits out
+                    t += 1
+                    torch._fused_adam_(views[0], grad.unbind(0), views[1], views[2], [], views[3], **adam)
+                else:  # a group without a batch at this step keeps its weights, moments and step count
+                    keep = np.flatnonzero(live)
+                    t[torch.as_tensor(keep)] += 1
+                    grads = grad.unbind(0)
+                    torch._fused_adam_(*([part[k] for k in keep] for part in (views[0], grads, views[1], views[2])),
+                                       [], [views[3][k] for k in keep], **adam)
         nepoch += config.epoch_size
-        accuracy = _dev_accuracies(features, labels, w, b, [probes[m].dev for m in active])
-        weights[act], biases[act] = w, b
-        m_w[act], v_w[act], m_b[act], v_b[act], steps[act] = mw, vw, mb, vb, t
+        params[sel], avg[sel], avg_sq[sel], steps[sel] = w, m1, m2, t
         still = []
-        for k, m in enumerate(active):
-            passes[m] = nepoch
-            if accuracy[k] > best_acc[m]:
-                best_acc[m] = accuracy[k]
-                best_w[m], best_b[m] = w[k], b[k]
-                still.append(m)
-                continue
-            if misses[m] < config.tenacity:
-                still.append(m)
-            misses[m] += 1
-        active = np.asarray(still, dtype=np.int64)
-    return FittedProbes(best_w, best_b, best_acc, passes)
+        for k, g in enumerate(live_groups):
+            accuracy = _member_accuracies(x_all, labels, w[k], groups[g], probes, classes)
+            for slot, m in enumerate(groups[g]):
+                if not active[m]:
+                    continue
+                passes[m] = nepoch
+                if accuracy[slot] > best_acc[m]:
+                    best_acc[m] = accuracy[slot]
+                    best[m] = w[k, slot * classes:(slot + 1) * classes]
+                    continue
+                if misses[m] >= config.tenacity:
+                    active[m] = False
+                misses[m] += 1
+            if active[groups[g]].any():
+                still.append(g)
+        live_groups = np.asarray(still, dtype=np.int64)
+    return FittedProbes(best[:, :, :dim].transpose(1, 2).contiguous(), best[:, :, dim].contiguous(), best_acc, passes)
 
 
 def _pick(scores: list[float], grid: Sequence[float]) -> float:

@@ -382,3 +382,50 @@ def test_fit_end_scores_the_best_checkpoint_safely_and_restores_the_live_weights
         torch.testing.assert_close(tensor, live[name])
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["provenance"]["model"]["checkpoint"] == str(path)
+
+
+def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(tiny_bert, mini_data, tmp_path,
+                                                                              monkeypatch):
+    """final_tasks may name transfer and clustering tasks (here mock tasks in a mock registry): the fit-end scoring
+    runs them through their own protocols, writes one table and PNG per family and logs each family's scores under
+    final/<family>/<pooler>/<task>, as the STS ones are logged under final/sts/..."""
+    from types import SimpleNamespace
+
+    import callbacks.sts_evaluation as sts_evaluation
+    from evaluation.wandb_tables import sts_table_rows
+    from tests.test_transfer import write_mini_labeled
+
+    root, registry = mini_data
+    write_mini_labeled(root, registry)
+    callback = sts_evaluation.STSEvaluationCallback(
+        output_dir=str(tmp_path / "out"), data_root=str(root), final_tasks=["MINI-B", "MINITR", "MINICL"],
+        task_registry=str(registry), poolers=["mean"], provenance={"seed": 1},
+        transfer_args={"kfold": 2, "max_epoch": 4, "l2_grid": [0.001, 0.01]},
+        clustering_args={"trials": 2, "n_init": 2})
+    logged = {}
+
+    def record(loggers, result, key="final/sts", step=None, image_path=None):
+        columns, rows = sts_table_rows(result)  # what log_sts_tables sends to W&B
+        logged[key] = {"scores": result["scores"], "step": step, "image": image_path,
+                       "scalars": {f"{key}/{row[0]}/{task}" for row in rows for task in columns[1:]}}
+        return 0
+
+    monkeypatch.setattr(sts_evaluation, "log_sts_tables", record)
+    module = PromptBERTUnsup(str(tiny_bert))
+    trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(best_model_path="", best_model_score=None),
+                              interrupted=False, is_global_zero=True, loggers=[], global_step=3)
+    callback.on_fit_end(trainer, module)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert list(results["families"]) == ["sts", "transfer", "clustering"]
+    assert set(logged) == {"final/sts", "final/transfer", "final/clustering"}
+    for family, task in (("sts", "MINI-B"), ("transfer", "MINITR"), ("clustering", "MINICL")):
+        scores = results["families"][family]["scores"]
+        assert set(scores) == {"mask", "avg", "mean"}  # the module's poolers plus the configured one
+        assert all(task in row and "avg" in row for row in scores.values())
+        entry = logged[f"final/{family}"]
+        assert entry["scores"] == scores and entry["step"] == 3
+        assert entry["image"] == tmp_path / "out" / sts_evaluation.plot_name(family) and entry["image"].is_file()
+        assert f"final/{family}/mean/{task}" in entry["scalars"] and f"final/{family}/mask/avg" in entry["scalars"]
+    assert results["families"]["transfer"]["protocol"]["kfold"] == 2
+    assert results["families"]["clustering"]["protocol"]["trials"] == 2
+    assert len(results["families"]["clustering"]["details"]["mean"]["MINICL"]["trials"]) == 2

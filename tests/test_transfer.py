@@ -15,6 +15,7 @@ from evaluation.transfer import (
     TransferData,
     evaluate_transfer,
     fit_probes,
+    group_probes,
     inner_kfold,
     kfold,
     pair_features,
@@ -89,6 +90,29 @@ def test_batched_probes_equal_plain_classifiers():
         torch.testing.assert_close(fitted.weights[m], model.weight.detach().T, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(fitted.biases[m], model.bias.detach(), rtol=1e-4, atol=1e-5)
     assert set(fitted.passes) <= set(range(TINY.epoch_size, TINY.max_epoch + TINY.epoch_size + 1, TINY.epoch_size))
+
+
+def test_probes_sharing_training_rows_train_together_and_equal_plain_classifiers():
+    # same training rows and permutation stream, different L2 and early-stopping rows: one group of models that
+    # stop at different times; plus a probe alone in its group and a hold-out pair sharing a group
+    x, y = blobs(n=120, seed=1, noise=3.0)
+    features, labels = torch.from_numpy(x), torch.from_numpy(y)
+    rows = np.arange(len(y))
+    probes = [probe_on(rows[:70], rows[70:95], 1e-4, TINY), probe_on(rows[:70], rows[95:], 3e-1, TINY),
+              probe_on(rows[:70], rows[70:], 1e-2, TINY), probe_on(rows[20:90], rows[90:], 1e-4, TINY),
+              probe_with_holdout(rows[:100], 1e-4, TINY), probe_with_holdout(rows[:100], 1e-1, TINY)]
+    assert group_probes(probes) == [[0, 1, 2], [3], [4, 5]]
+    fitted = fit_probes(features, labels, 3, probes, TINY)
+    assert fitted.passes[0] < fitted.passes[1]  # a member stops while its group trains on
+    references = [plain_classifier(x[:70], y[:70], 3, 1e-4, TINY, (x[70:95], y[70:95])),
+                  plain_classifier(x[:70], y[:70], 3, 3e-1, TINY, (x[95:], y[95:])),
+                  plain_classifier(x[:70], y[:70], 3, 1e-2, TINY, (x[70:], y[70:])),
+                  plain_classifier(x[20:90], y[20:90], 3, 1e-4, TINY, (x[90:], y[90:])),
+                  plain_classifier(x[:100], y[:100], 3, 1e-4, TINY), plain_classifier(x[:100], y[:100], 3, 1e-1, TINY)]
+    for m, (model, best) in enumerate(references):
+        assert fitted.dev_accuracy[m] == pytest.approx(best, abs=1e-12)
+        torch.testing.assert_close(fitted.weights[m], model.weight.detach().T, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(fitted.biases[m], model.bias.detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_inner_kfold_matches_nested_plain_recomputation():
