@@ -20,7 +20,7 @@ SENTENCES = [f"sentence number {i} " + "word " * (i % 7) for i in range(23)]  # 
 
 
 def main(rank: int, world: int, port: int, model: str, data_root: str, out: str) -> None:
-    torch.manual_seed(0)
+    torch.set_num_threads(1)  # two processes on a shared CPU
     encoder = Encoder(model, batch_size=4, progress=False)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -29,6 +29,7 @@ def main(rank: int, world: int, port: int, model: str, data_root: str, out: str)
     template = Template('This sentence : "[X]" means [MASK] .')
     embeddings = encoder.embed(SENTENCES, poolers, template)
     forwards = encoder.stats.forward_batches
+    encoder.batch_size = 64
     result = evaluate_sts(encoder, get_tasks(["STSBenchmark-dev"]), Path(data_root), poolers, template)
     if world > 1:
         dist.destroy_process_group()

@@ -5,12 +5,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from tests.conftest import REPO
 from tests.test_ddp import free_port
 
 
+@pytest.mark.slow  # three processes scoring STS-B dev: ~45 s of CPU
 def test_two_ranks_encode_and_score_exactly_like_one_process(tiny_bert, real_data_root, tmp_path):
     worker = str(REPO / "tests" / "sharded_eval_worker.py")
     out = str(tmp_path / "result")
