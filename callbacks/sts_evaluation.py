@@ -143,7 +143,7 @@ class STSEvaluationCallback(pl.Callback):
     def on_fit_start(self, trainer, module) -> None:
         """Checks the dev and fit-end poolers against the model (Ditto head in range, attentions, MLM head,
         template) and reads their fit corpora now: a bad pooler argument or a missing corpus file fails before
-        training, not after it. Every rank checks (only rank 0 scores), so no rank is left waiting in a collective."""
+        training, not after it. Every rank checks, so no rank is left waiting in a collective."""
         requests = [(self.dev_extra_poolers, False)]
         if self.score_best_at_end:
             requests.append((self.extra_poolers, bool(self.posts)))
