@@ -3,6 +3,7 @@ achieved FLOP/s and MFU.
 
     python bench/train_throughput.py experiment=quickstart_unsup data.batch_size=32 [hydra overrides ...]
         [--steps 10] [--warmup 2] [--device auto|cpu|cuda] [--threads N] [--peak-tflops T] [--out result.json]
+        [--data-only N]   # the data path alone: loader wait + input tensors per batch, no model step
 
 The recipe is composed exactly as train.py composes it (same module, data module, precision from `trainer.precision`,
 gradient clipping from `trainer.gradient_clip_val`), so `module.grad_cache_chunk_size=16` or
@@ -124,6 +125,38 @@ def batches(loader, module, device):
             yield module.transfer_batch_to_device(batch, device, 0)
 
 
+def _setup(cfg, device: torch.device):
+    torch.manual_seed(int(cfg.seed))
+    module = build(cfg.module).to(device).train()
+    datamodule = build(cfg.data)
+    datamodule.use_tokenization(module.sentence_tokenization())  # what a trainer's setup does (data.pretokenize)
+    datamodule.setup("fit")
+    return module, datamodule
+
+
+def data_path(cfg, count: int, device: torch.device) -> dict:
+    """The data path alone (no model forward): per batch, the loader's wait and building every view's input tensors
+    (`module.view_batch`), in milliseconds: what the data costs a step whatever the device computes."""
+    module, datamodule = _setup(cfg, device)
+    clock = Clock(device)
+    stream = batches(datamodule.train_dataloader(), module, device)
+    waits, builds = [], []
+    for _ in range(count):
+        start = clock.now()
+        batch = next(stream)
+        ready = clock.now()
+        if isinstance(batch, dict) and batch["ids"].dim() == 3:  # triplets: the rows the module encodes
+            batch = {"ids": batch["ids"].flatten(0, 1), "lengths": batch["lengths"].flatten()}
+        elif not isinstance(batch, dict) and not isinstance(batch[0], str):
+            batch = [sentence for example in batch for sentence in example]
+        for builder in module.builders:
+            module.view_batch(batch, builder)
+        waits.append(ready - start)
+        builds.append(clock.now() - ready)
+    return {"batches": count, "data_wait_ms": 1e3 * statistics.mean(waits), "inputs_ms": 1e3 * statistics.mean(builds),
+            "data_path_ms": 1e3 * statistics.mean(w + b for w, b in zip(waits, builds, strict=True))}
+
+
 def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
     precision = str(cfg.trainer.precision)
     if precision not in AUTOCAST:
@@ -131,11 +164,7 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # what trainer=gpu runs with
         torch.backends.cudnn.allow_tf32 = True
-    torch.manual_seed(int(cfg.seed))
-    module = build(cfg.module).to(device).train()
-    datamodule = build(cfg.data)
-    datamodule.use_tokenization(module.sentence_tokenization())  # what a trainer's setup does (data.pretokenize)
-    datamodule.setup("fit")
+    module, datamodule = _setup(cfg, device)
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=module.hparams.lr, weight_decay=module.hparams.weight_decay)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, warmup + steps + 1)
@@ -220,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak dense TFLOP/s at the run's precision, for MFU (e.g. H100 SXM bf16 989)")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    parser.add_argument("--data-only", type=int, default=None, metavar="N",
+                        help="time only the data path (loader wait + input tensors, no model step) over N batches")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--")]
     if unknown:
@@ -230,6 +261,13 @@ def main(argv: list[str] | None = None) -> None:
                           "cpu" if args.device == "auto" else args.device)
     try:
         cfg = compose_train(overrides)
+        if args.data_only:
+            result = data_path(cfg, args.data_only, device)
+            print(f"data path: {result['data_path_ms']:.2f} ms per batch (loader wait {result['data_wait_ms']:.2f} ms, "
+                  f"input tensors {result['inputs_ms']:.2f} ms) over {args.data_only} batches")
+            if args.out:
+                atomic_write_json(args.out, {**result, "overrides": overrides})
+            return
         result = run(cfg, args.steps, args.warmup, device)
     except UserError as err:
         sys.exit(f"error: {err}")
