@@ -3,6 +3,7 @@ achieved FLOP/s and MFU.
 
     python bench/train_throughput.py experiment=quickstart_unsup data.batch_size=32 [hydra overrides ...]
         [--steps 10] [--warmup 2] [--device auto|cpu|cuda] [--threads N] [--peak-tflops T] [--out result.json]
+        [--data-only N]   # the data path alone: loader wait + input tensors per batch, no model step
 
 The recipe is composed exactly as train.py composes it (same module, data module, precision from `trainer.precision`,
 gradient clipping from `trainer.gradient_clip_val`), so `module.grad_cache_chunk_size=16` or
@@ -10,7 +11,11 @@ gradient clipping from `trainer.gradient_clip_val`), so `module.grad_cache_chunk
 written out so each phase can be timed (on a GPU every phase boundary synchronises):
 
 - data wait: `next()` on the recipe's training DataLoader and the batch's transfer to the device;
-- forward: `module.contrastive_loss` (views, heads, InfoNCE; under gradient caching pass 1), bias forwards excluded;
+- inputs: turning the batch into the model's input tensors inside the step (`module.view_batch`): tokenizing,
+  templating and padding raw sentences (`data.pretokenize=false`), or only wrapping pre-tokenized ids in the
+  template (the default);
+- forward: `module.contrastive_loss` (views, heads, InfoNCE; under gradient caching pass 1), inputs and bias
+  forwards excluded;
 - denoising: the template-bias forwards (their backward is part of backward);
 - backward: back-propagation (under gradient caching pass 2: re-forward and backward of every chunk but the last);
 - optimiser: gradient clipping, AdamW step, LR-schedule step, zero_grad.
@@ -46,7 +51,7 @@ from common.io import atomic_write_json
 from lightning_modules.losses import world_size
 from training.runner import build, compose_train
 
-PHASES = ("data_wait", "forward", "denoising", "backward", "optimiser")
+PHASES = ("data_wait", "inputs", "forward", "denoising", "backward", "optimiser")
 AUTOCAST = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16}
 
 
@@ -76,18 +81,7 @@ class FlopCounter:
         self.counting = False
         self.flops = 0.0
         self.sentence_tokens = self.bias_tokens = 0
-        self.denoising_seconds = 0.0
-        self.clock = clock
         module.transformer.register_forward_pre_hook(self._count, with_kwargs=True)
-        compute = module.compute_template_biases
-
-        def timed_biases(*args, **kwargs):
-            start = clock.now()
-            result = compute(*args, **kwargs)
-            self.denoising_seconds += clock.now() - start
-            return result
-
-        module.compute_template_biases = timed_biases
 
     def _count(self, _module, args, kwargs) -> None:
         if not self.counting:
@@ -100,6 +94,22 @@ class FlopCounter:
         else:
             self.bias_tokens += int(lengths.sum())
             self.flops += self.bias_factor * forward
+
+
+class MethodTimer:
+    """Wall seconds spent inside `module.<name>` (its calls never nest), to move them out of the enclosing phase."""
+
+    def __init__(self, module, name: str, clock: Clock):
+        self.seconds = 0.0
+        method = getattr(module, name)
+
+        def timed(*args, **kwargs):
+            start = clock.now()
+            result = method(*args, **kwargs)
+            self.seconds += clock.now() - start
+            return result
+
+        setattr(module, name, timed)
 
 
 def peak_memory(device: torch.device) -> dict:
@@ -115,6 +125,38 @@ def batches(loader, module, device):
             yield module.transfer_batch_to_device(batch, device, 0)
 
 
+def _setup(cfg, device: torch.device):
+    torch.manual_seed(int(cfg.seed))
+    module = build(cfg.module).to(device).train()
+    datamodule = build(cfg.data)
+    datamodule.use_tokenization(module.sentence_tokenization())  # what a trainer's setup does (data.pretokenize)
+    datamodule.setup("fit")
+    return module, datamodule
+
+
+def data_path(cfg, count: int, device: torch.device) -> dict:
+    """The data path alone (no model forward): per batch, the loader's wait and building every view's input tensors
+    (`module.view_batch`), in milliseconds: what the data costs a step whatever the device computes."""
+    module, datamodule = _setup(cfg, device)
+    clock = Clock(device)
+    stream = batches(datamodule.train_dataloader(), module, device)
+    waits, builds = [], []
+    for _ in range(count):
+        start = clock.now()
+        batch = next(stream)
+        ready = clock.now()
+        if isinstance(batch, dict) and batch["ids"].dim() == 3:  # triplets: the rows the module encodes
+            batch = {"ids": batch["ids"].flatten(0, 1), "lengths": batch["lengths"].flatten()}
+        elif not isinstance(batch, dict) and not isinstance(batch[0], str):
+            batch = [sentence for example in batch for sentence in example]
+        for builder in module.builders:
+            module.view_batch(batch, builder)
+        waits.append(ready - start)
+        builds.append(clock.now() - ready)
+    return {"batches": count, "data_wait_ms": 1e3 * statistics.mean(waits), "inputs_ms": 1e3 * statistics.mean(builds),
+            "data_path_ms": 1e3 * statistics.mean(w + b for w, b in zip(waits, builds, strict=True))}
+
+
 def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
     precision = str(cfg.trainer.precision)
     if precision not in AUTOCAST:
@@ -122,10 +164,7 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # what trainer=gpu runs with
         torch.backends.cudnn.allow_tf32 = True
-    torch.manual_seed(int(cfg.seed))
-    datamodule = build(cfg.data)
-    datamodule.setup("fit")
-    module = build(cfg.module).to(device).train()
+    module, datamodule = _setup(cfg, device)
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=module.hparams.lr, weight_decay=module.hparams.weight_decay)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, warmup + steps + 1)
@@ -133,6 +172,7 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
     dtype = AUTOCAST[precision]
     clock = Clock(device)
     counter = FlopCounter(module, clock)
+    denoising, inputs = MethodTimer(module, "compute_template_biases", clock), MethodTimer(module, "view_batch", clock)
     stream = batches(datamodule.train_dataloader(), module, device)
     rows, phases = [], []
     if device.type == "cuda":
@@ -140,7 +180,7 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
     cpu_seconds = []
     for step in range(warmup + steps):
         timed = step >= warmup
-        counter.counting, counter.denoising_seconds = False, 0.0
+        counter.counting, denoising.seconds, inputs.seconds = False, 0.0, 0.0
         times = dict.fromkeys(PHASES, 0.0)
         start = clock.now()
         cpu_start = time.process_time()
@@ -154,12 +194,12 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
             counter.counting = False
             if not torch.isfinite(loss):
                 raise UserError(f"loss is {loss.item()} at step {step}")
-            forward_bias = counter.denoising_seconds
-            times["forward"] = clock.now() - start - forward_bias
+            in_forward = denoising.seconds + inputs.seconds
+            times["forward"] = clock.now() - start - in_forward
             start = clock.now()
             to_backward(loss * world_size()).backward()
-        times["backward"] = clock.now() - start - (counter.denoising_seconds - forward_bias)
-        times["denoising"] = counter.denoising_seconds
+        times["backward"] = clock.now() - start - (denoising.seconds + inputs.seconds - in_forward)
+        times["denoising"], times["inputs"] = denoising.seconds, inputs.seconds
         start = clock.now()
         if clip:
             torch.nn.utils.clip_grad_norm_(params, float(clip))
@@ -187,6 +227,8 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
         "bias_tokens_per_step": counter.bias_tokens / steps,
         "phase_seconds_mean": {p: sum(t[p] for t in phases) / steps for p in PHASES},
         "phase_fraction": {p: sum(t[p] for t in phases) / total for p in PHASES},
+        # what feeding the model costs the step: waiting for the loader plus building input tensors in the step
+        "data_fraction": sum(t["data_wait"] + t["inputs"] for t in phases) / total,
         "model_flops_per_step": counter.flops / steps,
         "achieved_tflops": achieved / 1e12,
         **peak_memory(device),
@@ -207,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak dense TFLOP/s at the run's precision, for MFU (e.g. H100 SXM bf16 989)")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    parser.add_argument("--data-only", type=int, default=None, metavar="N",
+                        help="time only the data path (loader wait + input tensors, no model step) over N batches")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--")]
     if unknown:
@@ -217,6 +261,13 @@ def main(argv: list[str] | None = None) -> None:
                           "cpu" if args.device == "auto" else args.device)
     try:
         cfg = compose_train(overrides)
+        if args.data_only:
+            result = data_path(cfg, args.data_only, device)
+            print(f"data path: {result['data_path_ms']:.2f} ms per batch (loader wait {result['data_wait_ms']:.2f} ms, "
+                  f"input tensors {result['inputs_ms']:.2f} ms) over {args.data_only} batches")
+            if args.out:
+                atomic_write_json(args.out, {**result, "overrides": overrides})
+            return
         result = run(cfg, args.steps, args.warmup, device)
     except UserError as err:
         sys.exit(f"error: {err}")
@@ -227,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         "overrides": overrides, "model": str(cfg.module.model_name_or_path), "batch_size": int(cfg.data.batch_size),
         "precision": str(cfg.trainer.precision), "grad_cache_chunk_size": cfg.module.get("grad_cache_chunk_size"),
         "gradient_checkpointing": bool(cfg.module.get("gradient_checkpointing", False)),
+        "pretokenize": bool(cfg.data.get("pretokenize", False)), "num_workers": cfg.data.get("num_workers"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
     }
@@ -241,12 +293,13 @@ def format_result(result: dict) -> str:
     lines = [
         f"{result['setup']['model']}  batch {result['setup']['batch_size']}  {result['setup']['precision']}  "
         f"grad_cache {result['setup']['grad_cache_chunk_size']}  checkpointing "
-        f"{result['setup']['gradient_checkpointing']}  on {result['setup']['device']}",
+        f"{result['setup']['gradient_checkpointing']}  pretokenize {result['setup']['pretokenize']}  "
+        f"on {result['setup']['device']}",
         f"step {result['step_seconds_mean']:.3f} s (median {result['step_seconds_median']:.3f}, "
         f"CPU time {result['step_cpu_seconds_mean']:.3f} s)  "
         f"{result['steps_per_s']:.3f} steps/s  {result['sentences_per_s']:.1f} sentences/s  "
         f"{result['real_tokens_per_s']:.0f} real tokens/s",
-        f"phases: {fractions}",
+        f"phases: {fractions}  (data wait + inputs {100 * result['data_fraction']:.2f}%)",
         f"{result['achieved_tflops']:.4f} TFLOP/s achieved" + (f", MFU {100 * result['mfu']:.2f}%"
                                                                 if "mfu" in result else "") + f"; {memory}",
     ]

@@ -8,8 +8,9 @@
   every configured training-free pooler (`poolers`, e.g. [mean, first_last, ditto, sbert_wk, idf]), each raw and
   through every post-processor in `post` (fitted on `fit_corpus`), all from one forward pass per input form;
   written as results.json, results.md and results.png, plus the dev curve (curve.json / curve.png).
-Under DDP only rank 0 scores (the weights are the same on every rank) and broadcasts the dev numbers; only rank 0
-writes files.
+Under DDP the dev evaluation is spread over all ranks (`shard_evaluation`: each encodes a share of the batches,
+all exchange embeddings and score; the numbers equal one process's) and rank 0's numbers are broadcast; the final
+scoring runs on rank 0 alone. Only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
 from omegaconf import OmegaConf
 
 from common.errors import DivergenceError
 from common.io import atomic_write_json
 from data.root import resolve_data_root
 from data.tasks import REGISTRY_FILE, STS_SUITE, get_tasks, load_registry
-from encoder.model import Encoder, attention_implementation, combine_needs
+from encoder.model import Encoder, Shard, attention_implementation, combine_needs
 from evaluation.analysis import analyse_task
 from evaluation.clustering import ClusteringConfig
 from evaluation.corpora import TARGET, Corpora
@@ -71,10 +73,12 @@ class STSEvaluationCallback(pl.Callback):
         task_registry: str | None = None,
         transfer_args: dict | None = None,
         clustering_args: dict | None = None,
+        shard_evaluation: bool = True,
     ):
         """`poolers` / `post` / `fit_corpus` / `analysis` / `task_registry` / `transfer_args` / `clustering_args` as
         in evaluate.py, for the final scoring; `dev_poolers` are scored on the dev task at every evaluation too (on top
-        of the module's own [MASK] and avg)."""
+        of the module's own [MASK] and avg); `shard_evaluation`: under DDP every rank encodes a share of the dev
+        sentences (else rank 0 alone)."""
         self.output_dir = Path(output_dir)
         self.data_root = data_root
         self.every_n_steps = every_n_steps
@@ -95,6 +99,7 @@ class STSEvaluationCallback(pl.Callback):
                                                "transfer_args")
         self.clustering_config = protocol_config(ClusteringConfig, OmegaConf.create(dict(clustering_args or {})),
                                                  "clustering_args")
+        self.shard_evaluation = shard_evaluation
         # built now, so an unknown name or argument fails at instantiation; model-dependent checks: on_fit_start
         self._build(sorted({*self.extra_poolers, *self.dev_extra_poolers}), check_args=True)
         self.posts = build_posts(list(post), dict(post_args or {}))
@@ -111,16 +116,20 @@ class STSEvaluationCallback(pl.Callback):
         return merge_poolers(module.eval_poolers(), self._build(extra))
 
     @contextmanager
-    def _scoring(self, module, extra_poolers: list[str]) -> Iterator[tuple[Encoder, list[Pooler]]]:
+    def _scoring(self, module, extra_poolers: list[str], shard: Shard | None = None,
+                 ) -> Iterator[tuple[Encoder, list[Pooler]]]:
         """The module in eval mode (eager attention while a pooler reads attention probabilities) with its
-        evaluation encoder and poolers; the training state is restored on exit."""
+        evaluation encoder (encoding this process's `shard` of a multi-process encoding) and poolers; the training
+        state is restored on exit."""
         was_training = module.training
         module.eval()
         poolers = self.poolers_for(module, extra_poolers)
         attention = "eager" if combine_needs(poolers).attentions else None
         try:
             with attention_implementation(module.transformer, attention):
-                yield module.evaluation_encoder(self.batch_size), poolers
+                encoder = module.evaluation_encoder(self.batch_size)
+                encoder.shard = shard
+                yield encoder, poolers
         finally:
             module.train(was_training)
 
@@ -128,11 +137,11 @@ class STSEvaluationCallback(pl.Callback):
         return Corpora(resolve_data_root(self.data_root), load_registry(self.task_registry))
 
     def score(self, module, tasks: list[str], extra_poolers: list[str] | None = None, final: bool = False,
-              ) -> tuple[dict, Encoder, list[Pooler]]:
+              shard: Shard | None = None) -> tuple[dict, Encoder, list[Pooler]]:
         """(evaluate_sts result, the encoder and the poolers that produced it). `final` adds the post-processors and
-        analysis metrics."""
+        analysis metrics; with a `shard`, every process of the group must call this alike."""
         extra = self.dev_extra_poolers if extra_poolers is None else extra_poolers
-        with self._scoring(module, extra) as (encoder, poolers):
+        with self._scoring(module, extra, shard) as (encoder, poolers):
             corpora = self._corpora()
             # the final scoring may name any task family or group (`final_tasks: [sts, transfer, clustering]`)
             scorer, protocols = evaluate_sts, {}
@@ -149,7 +158,7 @@ class STSEvaluationCallback(pl.Callback):
     def on_fit_start(self, trainer, module) -> None:
         """Checks the dev and fit-end poolers against the model (Ditto head in range, attentions, MLM head,
         template) and reads their fit corpora now: a bad pooler argument or a missing corpus file fails before
-        training, not after it. Every rank checks (only rank 0 scores), so no rank is left waiting in a collective."""
+        training, not after it. Every rank checks, so no rank is left waiting in a collective."""
         requests = [(self.dev_extra_poolers, False)]
         if self.score_best_at_end:
             requests.append((self.extra_poolers, bool(self.posts)))
@@ -161,11 +170,12 @@ class STSEvaluationCallback(pl.Callback):
     def _dev_scores(self, trainer, module) -> dict[str, float]:
         started = time.perf_counter()
         values = None
-        if trainer.is_global_zero:
-            scores = self.score(module, [self.dev_task])[0]["scores"]
+        shard = self._shard(trainer)
+        if shard is not None or trainer.is_global_zero:
+            scores = self.score(module, [self.dev_task], shard=shard)[0]["scores"]
             values = {pooler: row[self.dev_task] for pooler, row in scores.items()}
-        # every rank holds the same weights, so rank 0 scores once and the others take its numbers (each rank needs
-        # them: ModelCheckpoint monitors the logged metric on every rank)
+        # every rank holds the same weights and (sharded) the same embeddings; rank 0's numbers are the ones every
+        # rank uses (each rank needs them: ModelCheckpoint monitors the logged metric on every rank)
         values = trainer.strategy.broadcast(values, src=0)
         self.history.append({"step": trainer.global_step, **values, "seconds": time.perf_counter() - started})
         log.info("step %d: %s", trainer.global_step, ", ".join(f"{k} {v:.2f}" for k, v in values.items()))
@@ -179,6 +189,11 @@ class STSEvaluationCallback(pl.Callback):
                 "stopped without saving, the last good checkpoint stays as it was; lower module.lr or clip gradients "
                 "(trainer.gradient_clip_val=1.0)")
         return values
+
+    def _shard(self, trainer) -> Shard | None:
+        if not self.shard_evaluation or trainer.world_size < 2 or not torch.distributed.is_initialized():
+            return None
+        return Shard(trainer.global_rank, trainer.world_size)
 
     def summary(self) -> str | None:
         """One line on the run: best evaluation (step > 0), the untrained and the final score; a warning when the

@@ -1,5 +1,9 @@
-"""LightningDataModules: unsupervised text lines and NLI-style triplets. Batches are lists of raw strings; the
-LightningModule templates and tokenizes them (so data stays model-agnostic).
+"""LightningDataModules: unsupervised text lines and NLI-style triplets.
+
+With `pretokenize` (the default) the corpus is tokenized once into a memory-mapped Arrow table (`data.pretokenized`,
+cached across runs) by the tokenizer and sentence rule of the module being trained, and batches are padded sentence
+ids ({"ids", "lengths"}) the module wraps in its templates on the device. Without it, or without a module that
+offers a tokenization, batches are lists of raw strings the module templates and tokenizes itself.
 
 The order of the examples is a pure function of (seed, epoch) (`data.sampling.EpochSampler`), and the position
 inside the epoch travels in every checkpoint (`state_dict`), so a resumed run trains on exactly the batches the
@@ -9,8 +13,10 @@ uninterrupted run would have, with or without workers and under DDP.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import pytorch_lightning as pl
 import torch
@@ -26,6 +32,7 @@ from data.corpora import (
     sick_triplets,
 )
 from data.download import DEFAULT_CACHE, fetch, load_source
+from data.pretokenized import PretokenizedExamples, SentenceTokenization, pad_sentence_ids, pretokenized_corpus
 from data.root import resolve_data_root
 from data.sampling import DataPosition, EpochSampler
 
@@ -38,12 +45,23 @@ def _keep_batch(batch):
     return batch
 
 
+#: Loader workers per process when `num_workers: auto` and the trainer runs on an accelerator (0 on a CPU trainer,
+#: whose cores the model needs).
+ACCELERATOR_WORKERS = 4
+
+
 class _StringDataModule(pl.LightningDataModule):
     """Shared: global batch size split over ranks, held-out filtering, shuffled drop-last loader."""
 
     def __init__(self, batch_size: int, data_root: str | None = None,
                  held_out_tasks: list[str] | tuple[str, ...] = HELD_OUT_TASKS, max_examples: int | None = None,
-                 num_workers: int = 0, download: str | None = None, cache_dir: str | None = None, seed: int = 0):
+                 num_workers: int | Literal["auto"] = "auto", download: str | None = None,
+                 cache_dir: str | None = None, seed: int = 0, pretokenize: bool = True,
+                 tokenize_processes: int | None = None, pin_memory: bool | Literal["auto"] = "auto",
+                 group_by_length: bool = False, distinct_in_batch: bool = False):
+        """`num_workers`/`pin_memory` `auto`: 4 workers (persistent) and pinned memory when the trainer runs on an
+        accelerator, 0 and off on a CPU. `tokenize_processes`: processes for pre-tokenizing a large corpus (default:
+        every core). `group_by_length`, `distinct_in_batch`: see `data.sampling`."""
         super().__init__()
         self.batch_size = batch_size
         self.seed = seed
@@ -56,6 +74,19 @@ class _StringDataModule(pl.LightningDataModule):
         self.cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
         self.examples: list = []
         self.dropped_held_out = 0
+        self.pretokenize = pretokenize
+        self.tokenize_processes = tokenize_processes
+        self.pin_memory = pin_memory
+        self.group_by_length = group_by_length
+        self.distinct_in_batch = distinct_in_batch
+        self.tokenization: SentenceTokenization | None = None
+        self.dataset = None  # what the loader reads: the examples, or their pre-tokenized table
+        self.collate = _keep_batch
+
+    def use_tokenization(self, tokenization: SentenceTokenization | None) -> None:
+        """Pre-tokenize with this (without a trainer; under a trainer, setup asks its module)."""
+        self.tokenization = tokenization
+        self.dataset = None
 
     @property
     def per_device_batch_size(self) -> int:
@@ -83,8 +114,12 @@ class _StringDataModule(pl.LightningDataModule):
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
-        if self.examples:
-            return
+        if not self.examples:
+            self.examples = self._filtered_examples()
+        if self.dataset is None:
+            self._prepare_dataset()
+
+    def _filtered_examples(self) -> list:
         examples = self.load()
         if self.held_out_tasks:
             held = held_out_sentences(resolve_data_root(self.data_root), self.held_out_tasks)
@@ -98,20 +133,61 @@ class _StringDataModule(pl.LightningDataModule):
                             f"({self.batch_size}); add data or lower data.batch_size")
         log.info("training corpus: %d examples (%d dropped: held-out evaluation sentences)", len(examples),
                  self.dropped_held_out)
-        self.examples = examples
+        return examples
+
+    def _prepare_dataset(self) -> None:
+        self.dataset, self.collate = self.examples, _keep_batch
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if self.tokenization is None and hasattr(module, "sentence_tokenization"):
+            self.tokenization = module.sentence_tokenization()
+        if self.pretokenize and self.tokenization is not None:
+            table = pretokenized_corpus(self.examples, self.tokenization, self.cache_dir,
+                                        self.tokenize_processes or os.cpu_count())
+            self.dataset, self.collate = PretokenizedExamples(table), pad_sentence_ids
+
+    def example_lengths(self) -> list[int]:
+        """Length of each example for length grouping: its stored token count when pre-tokenized, else characters."""
+        if isinstance(self.dataset, PretokenizedExamples):
+            import pyarrow.compute as pc
+
+            table = self.dataset.table.data
+            total = None
+            for column in self.dataset.columns:
+                counts = pc.list_value_length(table.column(column))
+                total = counts if total is None else pc.add(total, counts)
+            return total.to_pylist()
+        return [sum(len(s) for s in self.sentences_of(e)) for e in self.examples]
+
+    def duplicate_keys(self) -> list[int]:
+        """Equal for examples whose first sentence (the anchor) is the same text."""
+        ids: dict[str, int] = {}
+        return [ids.setdefault(self.sentences_of(e)[0], len(ids)) for e in self.examples]
+
+    def _loader_settings(self) -> tuple[int, bool]:
+        trainer = self.trainer
+        on_accelerator = trainer is not None and trainer.strategy.root_device.type != "cpu"
+        workers = (ACCELERATOR_WORKERS if on_accelerator else 0) if self.num_workers == "auto" else self.num_workers
+        pin = on_accelerator if self.pin_memory == "auto" else self.pin_memory
+        return workers, pin and torch.cuda.is_available()
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
+        if self.dataset is None:
+            self.setup("fit")
+        position = self.resume_at
+        options = {"lengths": self.example_lengths() if self.group_by_length else None,
+                   "keys": self.duplicate_keys() if self.distinct_in_batch else None}
         sampler = EpochSampler(len(self.examples), self.per_device_batch_size, self.seed,
                                rank=trainer.global_rank if trainer else 0, world_size=trainer.world_size if trainer
-                               else 1, resume_at=self.resume_at)
-        if self.resume_at.batches_done >= sampler.batches_per_epoch:  # saved after an epoch's last batch
+                               else 1, resume_at=position, **options)
+        if position.batches_done >= sampler.batches_per_epoch:  # saved after an epoch's last batch
             sampler = EpochSampler(sampler.num_examples, sampler.per_device_batch_size, self.seed, sampler.rank,
-                                   sampler.world_size, DataPosition(self.resume_at.epoch + 1, 0))
+                                   sampler.world_size, DataPosition(position.epoch + 1, 0), **options)
+        workers, pin = self._loader_settings()
         # its own generator: creating the loader's iterator must not draw from the global RNG (dropout's)
-        return DataLoader(self.examples, batch_size=self.per_device_batch_size, sampler=sampler, drop_last=True,
-                          num_workers=self.num_workers, collate_fn=_keep_batch,
-                          generator=torch.Generator().manual_seed(self.seed))
+        return DataLoader(self.dataset, batch_size=self.per_device_batch_size, sampler=sampler, drop_last=True,
+                          num_workers=workers, collate_fn=self.collate, pin_memory=pin,
+                          persistent_workers=workers > 0, generator=torch.Generator().manual_seed(self.seed))
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the epoch and how many of its batches have been trained on."""

@@ -80,7 +80,9 @@ class InputBuilder:
                 ids.append(self.tokenizer.mask_token_id)
         return ids
 
-    def build(self, sentences: list[str]) -> list[TokenizedInput]:
+    def tokenize_sentences(self, sentences: list[str]) -> list[list[int]]:
+        """The sentence part of each input: the sentence rule applied (templated forms), tokenized without special
+        tokens, NOT truncated. `build_from_ids` turns these into the full inputs; datasets store them pre-tokenized."""
         if self.form.template is not None:
             sentences = [apply_sentence_rule(sentence, self.form.sentence_rule) for sentence in sentences]
         for index, sentence in enumerate(sentences):
@@ -88,12 +90,18 @@ class InputBuilder:
                 raise UserError(f"sentence {index} is empty; remove empty lines from the input")
         # verbose=False: transformers would warn that the untruncated ids exceed the model's length, but only the
         # sentence is cut below (never the template), and the cuts are counted (`truncated`) and reported per task
-        sentence_ids = self.tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]
+        return self.tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]
+
+    def build(self, sentences: list[str]) -> list[TokenizedInput]:
+        return self.build_from_ids(self.tokenize_sentences(sentences))
+
+    def build_from_ids(self, sentence_ids: list[list[int]]) -> list[TokenizedInput]:
+        """Inputs from `tokenize_sentences` ids (or any prefix of them longer than `max_sentence_tokens`)."""
         cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
         prefix_roles, suffix_roles = [TEMPLATE] * len(self.prefix_ids), [TEMPLATE] * len(self.suffix_ids)
         built = []
         for full in sentence_ids:
-            ids = full[: self.max_sentence_tokens]
+            ids = list(full[: self.max_sentence_tokens])
             built.append(
                 TokenizedInput(
                     input_ids=[cls, *self.prefix_ids, *ids, *self.suffix_ids, sep],
@@ -103,6 +111,38 @@ class InputBuilder:
                 )
             )
         return built
+
+    def wrap_padded_ids(self, sentence_ids: torch.Tensor, lengths: torch.Tensor) -> Batch:
+        """The batch `collate(build_from_ids(rows))` gives, built with tensor ops on the ids' device: `sentence_ids`
+        [B, L] holds each row's sentence ids left-aligned (anything after `lengths[b]`), as pre-tokenized data
+        loaders deliver them. Template ids are written by offset: [CLS] prefix sentence[:max] suffix [SEP] pad."""
+        device = sentence_ids.device
+        n = lengths.clamp(max=self.max_sentence_tokens).unsqueeze(1)
+        prefix = torch.tensor(self.prefix_ids, dtype=torch.long, device=device)
+        suffix = torch.tensor(self.suffix_ids, dtype=torch.long, device=device)
+        p, s = len(self.prefix_ids), len(self.suffix_ids)
+        width = 2 + p + s + int(n.max()) if n.numel() else 2 + p + s
+        pos = torch.arange(width, device=device).expand(sentence_ids.shape[0], width)
+        sentence_end = 1 + p + n  # exclusive
+        is_prefix = (pos >= 1) & (pos < 1 + p)
+        is_sentence = (pos >= 1 + p) & (pos < sentence_end)
+        is_suffix = (pos >= sentence_end) & (pos < sentence_end + s)
+        is_special = (pos == 0) | (pos == sentence_end + s)
+        ids = torch.full_like(pos, self.tokenizer.pad_token_id)
+        ids = torch.where(pos == 0, self.tokenizer.cls_token_id, ids)
+        ids = torch.where(pos == sentence_end + s, self.tokenizer.sep_token_id, ids)
+        if sentence_ids.shape[1]:
+            taken = sentence_ids.long().gather(1, (pos - 1 - p).clamp(0, sentence_ids.shape[1] - 1))
+            ids = torch.where(is_sentence, taken, ids)
+        if p:
+            ids = torch.where(is_prefix, prefix[(pos - 1).clamp(0, p - 1)], ids)
+        if s:
+            ids = torch.where(is_suffix, suffix[(pos - sentence_end).clamp(0, s - 1)], ids)
+        roles = torch.full_like(pos, PAD)
+        roles = torch.where(is_special, SPECIAL, roles)
+        roles = torch.where(is_prefix | is_suffix, TEMPLATE, roles)
+        roles = torch.where(is_sentence, SENTENCE, roles)
+        return _batch(ids, roles, n.squeeze(1), self.tokenizer.mask_token_id)
 
 
 @dataclass
@@ -125,11 +165,14 @@ def collate(items: list[TokenizedInput], pad_id: int, mask_id: int | None) -> Ba
     for row, item in enumerate(items):
         ids[row, : len(item.input_ids)] = item.input_ids
         roles[row, : len(item.roles)] = item.roles
-    input_ids, roles_t = torch.from_numpy(ids), torch.from_numpy(roles)
-    if mask_id is None:
-        mask_token = torch.zeros_like(roles_t, dtype=torch.bool)
-    else:
-        mask_token = (roles_t == TEMPLATE) & (input_ids == mask_id)
     lengths = torch.tensor([item.sentence_length for item in items], dtype=torch.long)
-    return Batch(input_ids=input_ids, attention_mask=(roles_t != PAD).long(), roles=roles_t, mask_token=mask_token,
+    return _batch(torch.from_numpy(ids), torch.from_numpy(roles), lengths, mask_id)
+
+
+def _batch(input_ids: torch.Tensor, roles: torch.Tensor, lengths: torch.Tensor, mask_id: int | None) -> Batch:
+    if mask_id is None:
+        mask_token = torch.zeros_like(roles, dtype=torch.bool)
+    else:
+        mask_token = (roles == TEMPLATE) & (input_ids == mask_id)
+    return Batch(input_ids=input_ids, attention_mask=(roles != PAD).long(), roles=roles, mask_token=mask_token,
                  sentence_lengths=lengths)

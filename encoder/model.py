@@ -157,6 +157,22 @@ class EncodeStats:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """This process's part of an encoding spread over `world_size` processes (torch.distributed): it runs batches
+    rank, rank + world_size, ... of every input form, and all processes then exchange their embeddings, so each
+    ends with every sentence's embedding, computed in exactly the batches one process would use. Every process must
+    make the same encoding calls with the same sentences (the exchange is a collective)."""
+
+    rank: int
+    world_size: int
+
+    def gather(self, part: dict) -> list[dict]:
+        gathered: list = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, part)
+        return gathered
+
+
+@dataclass(frozen=True)
 class Truncation:
     """Which sentences of one `embed` call's input form were cut to `max_sentence_tokens` (in input order)."""
 
@@ -237,6 +253,7 @@ class Encoder:
         self.attentions = attentions
         self.progress = progress
         self.stats = EncodeStats()
+        self.shard: Shard | None = None  # set while this process encodes its share of a multi-process encoding
         #: per input form ("plain" / "templated") of the last `embed` call: which sentences were truncated
         self.truncation: dict[str, Truncation] = {}
         self.tokenizer = tokenizer
@@ -345,21 +362,24 @@ class Encoder:
         self.truncation[label] = Truncation(builder.max_sentence_tokens, np.array([i.truncated for i in items], bool))
         order = np.argsort([-len(item.input_ids) for item in items], kind="stable")
         needs = combine_needs(poolers, self.num_layers)
-        chunks: dict[str, list[torch.Tensor]] = {pooler.name: [] for pooler in poolers}
         starts = range(0, len(items), batch_size)
-        for start in tqdm(starts, desc=f"encode ({label})", unit="batch", disable=not progress, leave=False):
+        mine = starts if self.shard is None else starts[self.shard.rank :: self.shard.world_size]
+        parts: dict[int, dict[str, torch.Tensor]] = {}  # batch start -> pooler name -> [rows, D]
+        for start in tqdm(mine, desc=f"encode ({label})", unit="batch", disable=not progress, leave=False):
             batch = collate([items[i] for i in order[start : start + batch_size]],
                             self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
             with torch.inference_mode():
                 out = self.forward(batch, needs, builder)
-                for pooler in poolers:
-                    chunks[pooler.name].append(pooler(out).float().cpu())
+                parts[start] = {pooler.name: pooler(out).float().cpu() for pooler in poolers}
+        if self.shard is not None:
+            for other in self.shard.gather(parts):
+                parts.update(other)
         result = {}
-        for name, parts in chunks.items():
-            stacked = torch.cat(parts).numpy()
+        for pooler in poolers:
+            stacked = torch.cat([parts[start][pooler.name] for start in starts]).numpy()
             unsorted = np.empty_like(stacked)
             unsorted[order] = stacked
-            result[name] = unsorted
+            result[pooler.name] = unsorted
         return result
 
     def forward(self, batch: Batch, needs: Needs, builder: InputBuilder | None = None) -> EncoderOutput:

@@ -8,6 +8,7 @@ the same code evaluate.py and the exports use.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import replace
 
 import pytorch_lightning as pl
@@ -15,6 +16,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from common.errors import ConfigError, DivergenceError
+from data.pretokenized import SentenceTokenization
 from encoder.forward import concat_batches, max_input_length, run_transformer, template_biases
 from encoder.inputs import Batch, InputBuilder, InputForm, collate
 from encoder.model import Encoder, load_pretrained
@@ -112,6 +114,19 @@ class PromptContrastiveModule(pl.LightningModule):
         form = InputForm(template, self.hparams.sentence_rule, max_sentence_tokens)
         return InputBuilder(self.tokenizer, form, self.max_length)
 
+    def sentence_tokenization(self) -> SentenceTokenization:
+        """How training corpora may be pre-tokenized for this module (data.pretokenized): batches of the stored ids
+        give exactly the inputs the raw sentences would."""
+        return SentenceTokenization.for_builders(self.builders)
+
+    def view_batch(self, sentences, builder: InputBuilder) -> Batch:
+        """One templated view on the module's device, from raw sentences or from a pre-tokenized batch
+        ({"ids": [B, L], "lengths": [B]}, data.pretokenized)."""
+        if isinstance(sentences, Mapping):
+            return builder.wrap_padded_ids(sentences["ids"].to(self.device), sentences["lengths"].to(self.device))
+        return collate(builder.build(sentences), self.tokenizer.pad_token_id, self.tokenizer.mask_token_id
+                       ).to(self.device)
+
     def pooled(self, sentences: list[str], builder: InputBuilder, pooler: Pooler) -> torch.Tensor:
         """Pool one templated view of `sentences` (in the module's current train/eval mode, with gradients)."""
         return self.pooled_views(sentences, [builder], pooler)[0]
@@ -125,8 +140,7 @@ class PromptContrastiveModule(pl.LightningModule):
         built: dict[int, Batch] = {}  # OptiPrompt's two dropout views share one builder: tokenize once
         for builder in builders:
             if id(builder) not in built:
-                built[id(builder)] = collate(builder.build(sentences), self.tokenizer.pad_token_id,
-                                             self.tokenizer.mask_token_id).to(self.device)
+                built[id(builder)] = self.view_batch(sentences, builder)
         batches = [built[id(builder)] for builder in builders]
         merged = concat_batches(batches, self.tokenizer.pad_token_id)
         out = run_transformer(self.transformer, merged, replace(needs, template_bias=False),

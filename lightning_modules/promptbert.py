@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from lightning_modules.base import PromptContrastiveModule
 from lightning_modules.heads import MLMTransformHead, MLPHead
 from poolers import build_pooler
@@ -52,9 +54,15 @@ class PromptBERTSup(PromptContrastiveModule):
         self.mlm_transform_state = None  # used once; not part of the module's state
         return True
 
-    def contrastive_views(self, batch: list[tuple[str, str, str]]):
-        sentences = [s for triplet in batch for s in triplet]
-        pooled = self.pooled(sentences, self.builders[0], self.pooler).view(len(batch), 3, -1)
+    def contrastive_views(self, batch):
+        """`batch`: triplets of strings, or pre-tokenized {"ids": [B, 3, L], "lengths": [B, 3]}; rows are encoded
+        in the order (triplet, member) either way."""
+        if isinstance(batch, Mapping):
+            sentences = {"ids": batch["ids"].flatten(0, 1), "lengths": batch["lengths"].flatten()}
+        else:
+            sentences = [s for triplet in batch for s in triplet]
+        pooled = self.pooled(sentences, self.builders[0], self.pooler)
+        pooled = pooled.view(pooled.shape[0] // 3, 3, -1)
         return pooled[:, 0], pooled[:, 1], pooled[:, 2]
 
     def eval_poolers(self) -> list[Pooler]:

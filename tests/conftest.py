@@ -1,4 +1,5 @@
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,10 @@ from tests.helpers import save_tiny_bert, save_tiny_roberta, write_mini_senteval
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# downloads and pre-tokenized corpora of this session (subprocesses included) go to a folder removed at exit, never
+# to the user's cache
+_CACHE = tempfile.TemporaryDirectory(prefix="promptemb-test-cache-")
+os.environ["PROMPTEMB_CACHE"] = _CACHE.name
 REPO = Path(__file__).resolve().parents[1]
 
 

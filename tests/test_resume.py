@@ -1,5 +1,6 @@
 """Exact resume: a run killed between checkpoints and resumed equals the uninterrupted run (metrics.csv rows, dev
-curve, final weights; bit-identical on CPU), with 0 or 2 dataloader workers and under 2-process DDP; SIGTERM saves
+curve, final weights; bit-identical on CPU), on raw sentences or pre-tokenized data (identical inputs, so identical
+runs), with 0 or 2 dataloader workers and under 2-process DDP; SIGTERM saves
 a checkpoint and says how to resume; run folders can be moved; `ckpt_path=last` finds the newest run."""
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ def overrides(model: Path, root: Path, out: Path, *extra: str) -> list[str]:
             *extra]
 
 
-def train_py(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def train_py(*args: str, cwd: Path = REPO, cache: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    if cache is not None:  # where pre-tokenized corpora go
+        env["PROMPTEMB_CACHE"] = str(cache)
     return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=400)
 
@@ -57,24 +60,27 @@ def assert_same_run(resumed: dict, uninterrupted: dict) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_bert_dropout, real_data_root, tmp_path_factory) -> dict:
     full = tmp_path_factory.mktemp("uninterrupted")
-    proc = train_py(*overrides(tiny_bert_dropout, real_data_root, full))
+    proc = train_py(*overrides(tiny_bert_dropout, real_data_root, full, "data.pretokenize=false"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = run_state(full)
     assert [p["step"] for p in state["points"]] == [0, 4, 8]
     return state
 
 
-@pytest.mark.parametrize("extra", [[], ["data.num_workers=2"]], ids=["no-workers", "2-workers"])
+@pytest.mark.parametrize("extra", [["data.pretokenize=false"], ["data.num_workers=2"]],
+                         ids=["raw-no-workers", "pretokenized-2-workers"])
 def test_killed_run_resumes_exactly(extra, uninterrupted, tiny_bert_dropout, real_data_root, tmp_path):
     """9 steps over a 6-batch epoch: the kill at step 5 falls between the step-4 checkpoint and the epoch's end, the
-    resumed run crosses into epoch 1. Dropout is on, so the RNG state matters too. The data order does not depend
-    on the workers: both variants must equal the same uninterrupted run (no workers)."""
-    killed = tmp_path / "killed"
-    proc = train_py(*overrides(tiny_bert_dropout, real_data_root, killed, *extra, *KILL))
+    resumed run crosses into epoch 1. Dropout is on, so the RNG state matters too. The data order depends neither on
+    the workers nor on pre-tokenization: both variants must equal the same uninterrupted run (raw sentences, no
+    workers); the pre-tokenized one is killed after building its cache and resumes from it."""
+    killed, cache = tmp_path / "killed", tmp_path / "cache"
+    proc = train_py(*overrides(tiny_bert_dropout, real_data_root, killed, *extra, *KILL), cache=cache)
     assert proc.returncode == -9
     assert torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    assert len(list((cache / "pretokenized").glob("*/key.json"))) == ("data.pretokenize=false" not in extra)
     proc = train_py(*overrides(tiny_bert_dropout, real_data_root, killed, *extra,
-                               f"ckpt_path={killed / 'checkpoints' / 'last.ckpt'}"))
+                               f"ckpt_path={killed / 'checkpoints' / 'last.ckpt'}"), cache=cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(run_state(killed), uninterrupted)
 

@@ -1,0 +1,151 @@
+"""Pre-tokenized training corpora: sentence ids in an Arrow table (`datasets`, memory-mapped), built once per
+(corpus checksum, tokenizer, sentence rule, truncation length) and reused by every later run.
+
+What is stored is the sentence part of each input only (sentence rule applied, tokenized without special tokens,
+cut to one token more than the longest sentence any template of the model keeps, so truncation is still detected).
+The template is added in the training step by offset (`InputBuilder.wrap_padded_ids`), so the cache does not depend
+on the templates and the ids equal, token for token, what `InputBuilder.build` makes from the raw sentences. Loader
+workers only read rows and pad them into one tensor; the main process moves it to the device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from encoder.inputs import InputBuilder
+
+log = logging.getLogger(__name__)
+#: Corpora smaller than this are tokenized in the main process: starting `num_proc` workers costs more.
+PARALLEL_FROM_EXAMPLES = 50_000
+FORMAT_VERSION = 1  # bump when what is stored changes: old caches are then rebuilt, never misread
+
+
+@dataclass(frozen=True)
+class SentenceTokenization:
+    """How a module turns training sentences into the ids it stores: `builder`'s tokenizer and sentence rule,
+    ids cut to `keep` tokens."""
+
+    builder: InputBuilder
+    keep: int
+
+    @classmethod
+    def for_builders(cls, builders: Sequence[InputBuilder]) -> SentenceTokenization:
+        rules = {builder.form.sentence_rule for builder in builders}
+        if len(rules) != 1 or any(b.tokenizer is not builders[0].tokenizer for b in builders):
+            raise ValueError("pre-tokenized data needs one tokenizer and one sentence rule for every view")
+        return cls(builders[0], max(builder.max_sentence_tokens for builder in builders) + 1)
+
+    def __call__(self, sentences: list[str]) -> list[list[int]]:
+        return [ids[: self.keep] for ids in self.builder.tokenize_sentences(sentences)]
+
+    def fingerprint(self) -> dict:
+        tokenizer = self.builder.tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        # the fast tokenizer's full serialisation (vocabulary, normaliser, pre-tokenizer); else the vocabulary
+        described = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+        return {"format": FORMAT_VERSION, "tokenizer_class": type(tokenizer).__name__,
+                "tokenizer_sha256": hashlib.sha256(described.encode()).hexdigest(),
+                "sentence_rule": self.builder.form.sentence_rule if self.builder.form.template else "none",
+                "keep_tokens": self.keep}
+
+
+def corpus_sha256(examples: Sequence[str | Sequence[str]]) -> str:
+    """Checksum of the examples as trained on (after held-out filtering and `max_examples`), in order."""
+    digest = hashlib.sha256()
+    for example in examples:
+        fields = (example,) if isinstance(example, str) else tuple(example)
+        digest.update("\x1f".join(fields).encode())
+        digest.update(b"\x1e")
+    return digest.hexdigest()
+
+
+def pretokenized_corpus(examples: Sequence[str | Sequence[str]], tokenization: SentenceTokenization,
+                        cache_dir: Path, num_proc: int | None = None):
+    """The memory-mapped `datasets.Dataset` of `examples` (columns `ids0`, `ids1`, ... one per sentence of an
+    example), from the cache when this corpus was already tokenized this way; else built (in `num_proc` processes
+    for large corpora) and saved atomically, so concurrent ranks or runs never see half a cache."""
+    import datasets
+
+    key = {"corpus_sha256": corpus_sha256(examples), "examples": len(examples), **tokenization.fingerprint()}
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    final = Path(cache_dir) / "pretokenized" / name
+    if not (final / "key.json").is_file():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        slots = 1 if isinstance(examples[0], str) else len(examples[0])
+        columns = {f"text{k}": [e if slots == 1 else e[k] for e in examples] for k in range(slots)}
+        features = datasets.Features({f"ids{k}": datasets.Sequence(datasets.Value("int32")) for k in range(slots)})
+        parallel = num_proc if num_proc and num_proc > 1 and len(examples) >= PARALLEL_FROM_EXAMPLES else None
+        log.info("pre-tokenizing %d examples into %s%s", len(examples), final,
+                 f" ({parallel} processes)" if parallel else "")
+        table = datasets.Dataset.from_dict(columns).map(
+            _Tokenize(tokenization, slots), batched=True, batch_size=1000, num_proc=parallel,
+            remove_columns=list(columns), features=features, desc="pre-tokenizing", load_from_cache_file=False)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
+        try:
+            table.save_to_disk(str(staging))
+            (staging / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True))
+            os.rename(staging, final)
+        except OSError:
+            if not (final / "key.json").is_file():  # not a concurrent build that finished first
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return datasets.load_from_disk(str(final))
+
+
+class _Tokenize:
+    """The `map` function (a class, so `num_proc` workers can pickle it)."""
+
+    def __init__(self, tokenization: SentenceTokenization, slots: int):
+        self.tokenization = tokenization
+        self.slots = slots
+
+    def __call__(self, batch: dict) -> dict:
+        return {f"ids{k}": self.tokenization(batch[f"text{k}"]) for k in range(self.slots)}
+
+
+class PretokenizedExamples(torch.utils.data.Dataset):
+    """Rows of a pre-tokenized table; a whole batch of indices is read in one Arrow `take` (`__getitems__`)."""
+
+    def __init__(self, table):
+        self.table = table
+        self.columns = sorted((c for c in table.column_names if c.startswith("ids")), key=lambda c: int(c[3:]))
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int):
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list:
+        rows = self.table[list(indices)]
+        if len(self.columns) == 1:
+            return rows[self.columns[0]]
+        return list(zip(*(rows[c] for c in self.columns), strict=True))
+
+
+def pad_sentence_ids(examples: list) -> dict[str, torch.Tensor]:
+    """Collate pre-tokenized examples: {"ids": [B, L] or [B, S, L] (S sentences per example, zero-padded),
+    "lengths": [B] or [B, S]}. The batch stays splittable along its first axis (gradient caching)."""
+    single = not examples or not isinstance(examples[0], tuple)
+    rows = examples if single else [ids for example in examples for ids in example]
+    lengths = np.fromiter((len(ids) for ids in rows), dtype=np.int64, count=len(rows))
+    padded = np.zeros((len(rows), int(lengths.max()) if len(rows) else 0), dtype=np.int64)
+    for row, ids in enumerate(rows):
+        padded[row, : len(ids)] = ids
+    ids_t, lengths_t = torch.from_numpy(padded), torch.from_numpy(lengths)
+    if not single:
+        slots = len(examples[0])
+        ids_t, lengths_t = ids_t.view(len(examples), slots, -1), lengths_t.view(len(examples), slots)
+    return {"ids": ids_t, "lengths": lengths_t}
