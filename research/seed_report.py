@@ -85,18 +85,39 @@ def comparable_setup(run: dict) -> dict:
             "post_processing": sorted(prov.get("post_processing") or {})}
 
 
-def first_difference(a, b, prefix: str = "") -> str | None:
-    """The dotted key of the first difference between two nested records (None when equal)."""
+def run_identity(run: dict) -> tuple[int, str]:
+    """(seed, output folder): values a resolved config repeats elsewhere (`data.seed: ${seed}`, checkpoint folders
+    under `${output_dir}`), which may differ between seeds."""
+    config = run["provenance"].get("config") or {}
+    return run["seed"], str(config.get("output_dir") or run["run_dir"])
+
+
+def first_difference(a, b, ids_a: tuple[int, str], ids_b: tuple[int, str], prefix: str = "") -> str | None:
+    """The dotted key of the first difference between two nested records (None when equal); a value that is each
+    run's own seed, or a path inside each run's own output folder, is not a difference."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b), key=str):
             where = f"{prefix}.{key}" if prefix else str(key)
             if key not in a or key not in b:
                 return where
-            found = first_difference(a[key], b[key], where)
+            found = first_difference(a[key], b[key], ids_a, ids_b, where)
             if found:
                 return found
         return None
-    return None if a == b else (prefix or "<value>")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = first_difference(x, y, ids_a, ids_b, f"{prefix}[{index}]")
+            if found:
+                return found
+        return None
+    if a == b:
+        return None
+    if isinstance(a, int) and isinstance(b, int) and (a, b) == (ids_a[0], ids_b[0]):
+        return None
+    if isinstance(a, str) and isinstance(b, str) and a.startswith(ids_a[1]) and b.startswith(ids_b[1]) \
+            and a[len(ids_a[1]):] == b[len(ids_b[1]):]:
+        return None
+    return prefix or "<value>"
 
 
 def check_same_setup(runs: list[dict]) -> None:
@@ -107,7 +128,7 @@ def check_same_setup(runs: list[dict]) -> None:
         raise ConfigError(f"seed {repeated[0]} appears in more than one run ({', '.join(dirs)}); pass each seed once")
     reference = comparable_setup(runs[0])
     for run in runs[1:]:
-        key = first_difference(reference, comparable_setup(run))
+        key = first_difference(reference, comparable_setup(run), run_identity(runs[0]), run_identity(run))
         if key:
             raise ConfigError(f"runs {runs[0]['run_dir']} and {run['run_dir']} differ in {key!r}, not only in the "
                               "seed; a seed report aggregates runs of one setup")

@@ -20,7 +20,9 @@ def write_run(folder, seed, offset, config=None, poolers=("mask", "avg"), best_d
     for row in scores.values():
         row["avg"] = sum(row[t] for t in TASKS) / len(TASKS)
     pearson = {p: {t: v - 1.0 for t, v in row.items()} for p, row in scores.items()}
-    config = {"seed": seed, "output_dir": str(folder), "module": {"lr": 3e-5}, **(config or {})}
+    # as a resolved train.py config: the seed and the run folder repeat inside it (data.seed, checkpoint folder)
+    config = {"seed": seed, "output_dir": str(folder), "module": {"lr": 3e-5}, "data": {"seed": seed},
+              "callbacks": {"checkpoint": {"dirpath": f"{folder}/checkpoints"}}, **(config or {})}
     record = {"scores": scores, "details": {},
               "families": {"sts": {"scores": scores, "pearson": pearson}},
               "provenance": {"seed": seed, "config": config, "input": {"template": "[X] means [MASK] ."},
@@ -87,6 +89,9 @@ def test_runs_that_differ_in_more_than_the_seed_are_refused(tmp_path):
     write_run(tmp_path / "c", 0, 1.0)
     with pytest.raises(ConfigError, match="seed 0 appears in more than one run"):
         seed_report.seed_report([tmp_path / "a", tmp_path / "c"], tmp_path / "out")
+    write_run(tmp_path / "e", 3, 0.0, config={"data": {"seed": 5}})
+    with pytest.raises(ConfigError, match=r"differ in 'data\.seed'"):  # not this run's own seed
+        seed_report.seed_report([tmp_path / "a", tmp_path / "e"], tmp_path / "out")
     write_run(tmp_path / "d", 2, 0.0, poolers=("mask",))
     with pytest.raises(ConfigError, match="different poolers or tasks"):
         seed_report.seed_report([tmp_path / "a", tmp_path / "d"], tmp_path / "out")
