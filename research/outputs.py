@@ -37,3 +37,9 @@ def write_outputs(output_dir: Path, stem: str, record: dict, title: str, table: 
     json_path = atomic_write_json(output_dir / f"{stem}.json", record)
     md_path = atomic_write_text(output_dir / f"{stem}.md", f"# {title}\n\n{table}")
     return json_path, md_path
+
+
+def announce(summary: str, written: list[Path]) -> None:
+    """What every driver prints at the end: its one-line result, then the files it wrote."""
+    print(summary)
+    print("wrote " + ", ".join(str(path) for path in written))

@@ -79,3 +79,9 @@ def test_cli_rejects_a_layer_beyond_the_model(tiny_bert, mini_data, tmp_path, ca
     assert not out.exists()
     with pytest.raises(ConfigError, match="unknown task family 'retrieval'"):
         build_task_group("retrieval")
+
+
+def test_a_task_of_another_family_is_refused(real_data_root):
+    with pytest.raises(ConfigError, match=r"task\(s\) agnews are not sts tasks; pass --family"):
+        build_task_group("sts", ["STS12", "agnews"], str(real_data_root))
+    assert build_task_group("clustering", None, str(real_data_root)).metric == "clustering accuracy x100"
