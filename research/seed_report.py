@@ -27,8 +27,9 @@ from research.plots import plot_seed_spread
 
 RESULTS_FILE = "results.json"
 CURVE_FILE = "curve.json"
-#: config keys that may differ between the seeds of one report (where the run writes, how it was started)
-RUN_ONLY_KEYS = ("seed", "output_dir", "ckpt_path", "resume", "export_dir")
+#: config keys that may differ between the seeds of one report: where the run writes, how it was started, and the
+#: recipe's pinned results (a note about the recipe, not a setting of the run)
+RUN_ONLY_KEYS = ("seed", "output_dir", "ckpt_path", "resume", "export_dir", "expected_scores")
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
