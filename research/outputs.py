@@ -25,6 +25,8 @@ def provenance(encoder, group, **extra) -> dict:
 def markdown(header: list[str], rows: list[list]) -> str:
     """A markdown table; floats with 2 decimals, the first column left-aligned, the others right-aligned."""
     def cell(value) -> str:
+        if value is None:  # a metric the family does not have (Pearson outside STS)
+            return "-"
         return f"{value:.2f}" if isinstance(value, float) else str(value)
 
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
