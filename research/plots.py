@@ -77,3 +77,50 @@ def plot_ranked_bars(labels: Sequence[str], values: Sequence[float], path: Path,
     ax.set_title(title.replace(": ", ":\n", 1), fontsize=9)  # two lines: long titles would be cut at the right
     ax.set_xlim(min(0.0, *values), max(values) * 1.12 if max(values) > 0 else 1.0)
     return _save(fig, path)
+
+
+def plot_seed_spread(table: dict[str, dict[str, dict]], per_seed: dict[int, dict[str, dict[str, float]]],
+                     curve: list[dict] | None, path: Path, title: str, axis_label: str) -> Path:
+    """Left: per task, one bar per pooler at the mean over seeds, error bar = std, each seed's score as a dot.
+    Right (when there is a dev curve): each pooler's mean dev score per step, shaded between min and max."""
+    from evaluation.plots import TASK_ABBREVIATIONS
+
+    plt = _pyplot()
+    tasks = list(next(iter(table.values())))
+    panels = 2 if curve else 1
+    fig, axes = plt.subplots(1, panels, figsize=(max(6.0, 1.2 * len(tasks)) + 4.0 * (panels - 1), 4.2),
+                             gridspec_kw={"width_ratios": [max(6.0, 1.2 * len(tasks)), 4.0][:panels]})
+    ax = axes[0] if panels == 2 else axes
+    width = 0.8 / len(table)
+    for i, (pooler, cells) in enumerate(table.items()):
+        xs = np.arange(len(tasks)) + (i - (len(table) - 1) / 2) * width
+        means = [cells[t]["mean"] for t in tasks]
+        stds = [cells[t]["std"] or 0.0 for t in tasks]
+        bars = ax.bar(xs, means, width, yerr=stds, capsize=2, label=pooler, color=f"C{i}", alpha=0.8)
+        ax.bar_label(bars, fmt="%.1f", fontsize=6, padding=2)
+        for scores in per_seed.values():
+            ax.plot(xs, [scores[pooler][t] for t in tasks], "k.", markersize=3)
+    ax.set_xticks(range(len(tasks)), [TASK_ABBREVIATIONS.get(t, t) for t in tasks], fontsize=8)
+    values = [s[p][t] for s in per_seed.values() for p in table for t in tasks]
+    ax.set_ylim(max(0.0, min(values) - 10), min(100.0, max(values) + 8))
+    ax.set_ylabel(axis_label)
+    ax.legend(fontsize=7, ncol=len(table), loc="upper left")
+    ax.set_title(f"test tasks (dots: the {len(per_seed)} seeds)", fontsize=9)
+    if curve:
+        dev = axes[1]
+        steps = [point["step"] for point in curve]
+        poolers = [key for key in curve[0] if key != "step"]
+        for i, pooler in enumerate(poolers):
+            points = [p for p in curve if pooler in p]
+            xs = [p["step"] for p in points]
+            dev.plot(xs, [p[pooler]["mean"] for p in points], marker="o", markersize=3, color=f"C{i}", label=pooler)
+            dev.fill_between(xs, [p[pooler]["min"] for p in points], [p[pooler]["max"] for p in points],
+                             color=f"C{i}", alpha=0.2)
+        dev.set_xticks(steps)
+        dev.set_xlabel("optimiser step")
+        dev.set_ylabel("dev Spearman x100")
+        dev.set_title("dev curve: mean, shaded min..max", fontsize=9)
+        dev.grid(alpha=0.3)
+        dev.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    return _save(fig, path)

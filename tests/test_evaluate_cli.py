@@ -138,7 +138,8 @@ def test_checksum_mismatch_and_malformed_line(mini_data, tiny_bert, tmp_path):
      (["poolers=[mask]", "template=This sentence means [MASK] ."], r"has 0 '\[X\]' slots; it needs exactly one"),
      (["poolers=[mask]", 'template=This sentence : "[X]" .'], r"pooler 'mask' needs a \[MASK\] in the template"),
      (["poolers=[avg]"], r"pooler 'avg' pools over a prompt-templated input; pass a template"),
-     (["mode=train"], r"unknown mode 'train'; valid: score, encode")],
+     (["mode=train"], r"unknown mode 'train'; valid: score, encode"),
+     (["poolers=[token_avg]"], r"needs a named corpus .* pooler_args\.token_avg\.corpus=W")],
 )
 def test_config_errors(overrides, pattern, tiny_bert, real_data_root, tmp_path):
     proc = evaluate(f"model.name_or_path={tiny_bert}", f"output_dir={tmp_path / 'out'}", *overrides,

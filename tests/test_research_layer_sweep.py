@@ -79,3 +79,19 @@ def test_cli_rejects_a_layer_beyond_the_model(tiny_bert, mini_data, tmp_path, ca
     assert not out.exists()
     with pytest.raises(ConfigError, match="unknown task family 'retrieval'"):
         build_task_group("retrieval")
+
+
+def test_a_task_of_another_family_is_refused(real_data_root):
+    with pytest.raises(ConfigError, match=r"task\(s\) agnews are not sts tasks; pass --family"):
+        build_task_group("sts", ["STS12", "agnews"], str(real_data_root))
+    assert build_task_group("clustering", None, str(real_data_root)).metric == "clustering accuracy x100"
+
+
+def test_first_last_sweeps_the_same_layer_pairs_as_mean(tiny_bert, group):
+    """first_last is mean pooling over two layers: its pair heatmap is the mean pair heatmap, cell for cell."""
+    encoder = Encoder(str(tiny_bert), batch_size=3, progress=False)
+    rows = layer_sweep.run_sweep(encoder, group, ["mean", "first_last"], pairs=True, combos=[])["rows"]
+    pairs = [label.removeprefix("mean") for label in rows if label.startswith("mean[")]
+    assert len(pairs) == 4 + 6
+    for cell in pairs:
+        assert rows[f"first_last{cell}"]["scores"] == rows[f"mean{cell}"]["scores"]

@@ -122,4 +122,33 @@ class TrialSummary(Callback):
             rows.append({"trial": int(job_dir.name), **row})
         if rows:
             failed = summarise(rows, sweep_dir, f"multirun {sweep_dir}")
+            if swept_keys(list(config.hydra.overrides.task)) == ["seed"]:
+                seed_report(rows, sweep_dir)
             exit_if_failed(failed, len(rows), sweep_dir)
+
+
+def swept_keys(overrides: list[str]) -> list[str]:
+    """The keys a multirun sweeps over (`seed=0,1,2` -> ["seed"])."""
+    from training.runner import parse_overrides  # runner imports this module
+
+    try:
+        return sorted(o.get_key_element().lstrip("+~") for o in parse_overrides(overrides) if o.is_sweep_override())
+    except Exception:  # a syntax error: Hydra has reported it already
+        return []
+
+
+def seed_report(rows: list[dict], sweep_dir: Path) -> None:
+    """A sweep over `seed` alone: mean ± std of every score over its completed trials, in the sweep folder (a
+    failed seed is left out and the report says how many seeds it has)."""
+    from research.seed_report import seed_report as write_seed_report
+    from research.seed_report import summary_line
+
+    runs = [row["run_dir"] for row in rows if row["status"] == COMPLETED and row.get("run_dir")]
+    if not runs:
+        return
+    try:
+        report, written = write_seed_report(runs, sweep_dir)
+    except UserError as err:
+        log.error("no seed report: %s", str(err).splitlines()[0])
+        return
+    print(f"seed report: {summary_line(report)}\nwrote {', '.join(map(str, written))}", flush=True)
