@@ -109,6 +109,7 @@ def test_cli_bad_input_is_one_line(tmp_path):
                                                 "a sweep folder"]
 
 
+@pytest.mark.slow
 def test_a_multirun_over_seed_writes_the_report_into_its_sweep_folder(tiny_bert, real_data_root, tmp_path):
     """`train.py -m ... seed=0,1`: each job trains with its seed; the sweep folder gets the report of both."""
     from tests.test_train import WIKI_SAMPLE
