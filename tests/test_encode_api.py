@@ -19,7 +19,8 @@ def exported(tiny_bert, tmp_path_factory) -> Path:
     """An OptiPrompt export (soft template far from the manual one, denoised [MASK])."""
     module = OptiPrompt(str(tiny_bert)).eval()
     with torch.no_grad():
-        module.soft_template.vectors.add_(torch.randn_like(module.soft_template.vectors))
+        vectors = module.soft_template.vectors
+        vectors.add_(torch.randn(vectors.shape, generator=torch.Generator().manual_seed(0), dtype=vectors.dtype))
     encoder = PromptEncoder(module.transformer, module.tokenizer, template=module.eval_template.text,
                             pooler="mask", denoise=True, soft_template=module.soft_template,
                             max_length=module.max_length)
