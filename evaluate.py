@@ -1,7 +1,7 @@
 """Score any encoder on STS, or embed a text file.
 
-    python evaluate.py 'poolers=[mean,mask]' prompt=promptbert_bert
-    python evaluate.py mode=encode model.name_or_path=DIR pooler=mean input=FILE.txt output=FILE.npy
+    python evaluate.py 'poolers=[mean,mask]' template=promptbert_bert
+    python evaluate.py mode=encode backbone.name_or_path=DIR pooler=mean input=FILE.txt output=FILE.npy
 """
 
 import sys
@@ -9,19 +9,17 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from common.cli import quote_free_text_overrides
+from common.cli import check_command_line
 from common.errors import exit_on_user_error
-from common.validation import check_run_dir_before_hydra
 from evaluation.runner import run
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
+@hydra.main(version_base="1.3", config_path="configs", config_name="eval")
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     run(cfg)
 
 
 if __name__ == "__main__":
-    sys.argv = quote_free_text_overrides(sys.argv)
-    exit_on_user_error(check_run_dir_before_hydra)("evaluate", sys.argv[1:])
+    exit_on_user_error(check_command_line)("evaluate", sys.argv[1:])
     main()

@@ -1,14 +1,13 @@
-"""Train a prompt-based sentence encoder: `python train.py experiment=promptbert_unsup [trainer=gpu]`."""
+"""Train a prompt-based sentence encoder: `python train.py experiment=promptbert_unsup [trainer=gpu] [debug=fdr]`."""
 
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from common.cli import quote_free_text_overrides
+from common.cli import check_command_line
 from common.errors import exit_on_user_error
-from common.validation import check_run_dir_before_hydra
-from training.runner import check_experiment_overrides, check_override_keys, run
+from training.runner import run
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -19,8 +18,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    exit_on_user_error(check_experiment_overrides)(sys.argv[1:])
-    sys.argv = quote_free_text_overrides(sys.argv)
-    exit_on_user_error(check_override_keys)(sys.argv[1:])
-    exit_on_user_error(check_run_dir_before_hydra)("train", sys.argv[1:])
+    exit_on_user_error(check_command_line)("train", sys.argv[1:])
     main()

@@ -39,14 +39,16 @@ MODES = ("score", "encode")
 
 
 def build_template(cfg: DictConfig) -> Template | None:
-    if cfg.sentence_rule not in SENTENCE_RULES:
-        raise ConfigError(f"unknown sentence_rule {cfg.sentence_rule!r}; valid: {', '.join(SENTENCE_RULES)}")
-    return Template(str(cfg.template)) if cfg.template else None
+    """The template group's single template (configs/template/), or None to score sentences alone."""
+    rule = cfg.template.sentence_rule
+    if rule not in SENTENCE_RULES:
+        raise ConfigError(f"unknown template.sentence_rule {rule!r}; valid: {', '.join(SENTENCE_RULES)}")
+    return Template(str(cfg.template.text)) if cfg.template.text else None
 
 
 def build_encoder(cfg: DictConfig, poolers) -> Encoder:
     needs = combine_needs(poolers)
-    model = cfg.model
+    model = cfg.backbone
     return Encoder(
         str(model.name_or_path),
         device=model.device,
@@ -64,7 +66,7 @@ def provenance(cfg: DictConfig, encoder: Encoder, template: Template | None, poo
                versions: dict | None = None) -> dict:
     """`versions` as taken when the run started (the project commit may move while a long run is going)."""
     return {
-        **scoring_provenance(encoder, template, cfg.sentence_rule, cfg.max_sentence_tokens, poolers, versions),
+        **scoring_provenance(encoder, template, cfg.template.sentence_rule, cfg.max_sentence_tokens, poolers, versions),
         "seed": seed,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
@@ -96,7 +98,8 @@ def score(cfg: DictConfig) -> dict:
     corpora.check_label(str(cfg.fit_corpus))
     started, versions = time.perf_counter(), software_versions()
     encoder = build_encoder(cfg, poolers)
-    result = evaluate_tasks(encoder, tasks, root, poolers, template, cfg.sentence_rule, cfg.max_sentence_tokens,
+    rule = cfg.template.sentence_rule
+    result = evaluate_tasks(encoder, tasks, root, poolers, template, rule, cfg.max_sentence_tokens,
                             posts=posts, fit_corpus=str(cfg.fit_corpus), corpora=corpora,
                             analyse=analyse_task if cfg.analysis else None, transfer_config=transfer_config,
                             clustering_config=clustering_config)
@@ -132,7 +135,8 @@ def encode(cfg: DictConfig) -> np.ndarray:
             resolve_data_root(cfg.data_root), load_registry(Path(cfg.task_registry or REGISTRY_FILE))
         ).sentences(label)
         pooler.fit(label, fit_sentences, encoder.tokenizer)
-    embeddings = encoder.embed(sentences, [pooler], template, cfg.sentence_rule, cfg.max_sentence_tokens)[pooler.name]
+    rule = cfg.template.sentence_rule
+    embeddings = encoder.embed(sentences, [pooler], template, rule, cfg.max_sentence_tokens)[pooler.name]
     embeddings = embeddings.astype(np.float32)
     (label, cut), = encoder.truncation.items()
     truncated = int(cut.truncated.sum())

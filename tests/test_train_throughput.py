@@ -39,8 +39,8 @@ def test_short_run_writes_every_figure(tiny_bert, real_data_root, tmp_path, caps
     from tests.test_train import WIKI_SAMPLE
 
     out = tmp_path / "result.json"
-    main([f"module.model_name_or_path={tiny_bert}", "experiment=quickstart_unsup", f"data_root={real_data_root}",
-          f"data.files=[{WIKI_SAMPLE}]", "data.batch_size=4", "data.max_examples=16", "module.grad_cache_chunk_size=2",
+    main([f"backbone.name_or_path={tiny_bert}", "experiment=quickstart_unsup", f"data_root={real_data_root}",
+          f"data.files=[{WIKI_SAMPLE}]", "data.batch_size=4", "data.max_examples=16", "model.grad_cache_chunk_size=2",
           "trainer.precision=bf16-mixed", "--steps", "2", "--warmup", "1", "--device", "cpu", "--peak-tflops", "1",
           "--out", str(out)])
     result = json.loads(out.read_text())
