@@ -166,6 +166,9 @@ def matches(value: Any, hint) -> bool:
     if hint is None or hint is type(None):
         return value is None
     if _is_union(hint):
+        if isinstance(value, str | int | float | bool):  # a scalar is no Tensor, Strategy, ...: only YAML-typed arms
+            typed = [arg for arg in args if not (isinstance(arg, type) and not _yaml_type(arg))]
+            args = typed or args
         return any(matches(value, arg) for arg in args)
     if origin is typing.Annotated:
         return matches(value, args[0])

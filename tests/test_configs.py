@@ -158,7 +158,7 @@ def test_entry_points_refuse_before_hydra_with_one_line(tmp_path):
     for script, arg, expected in (("train.py", "module.lr=1e-5", "error: 'module.lr' is now 'optimizer.lr'"),
                                   ("evaluate.py", "prompt=promptbert_bert", "error: 'prompt' is now 'template'")):
         proc = subprocess.run([sys.executable, str(REPO / script), arg], cwd=tmp_path, capture_output=True, text=True)
-        assert proc.returncode == 2 and proc.stderr.strip() == expected + proc.stderr.strip()[len(expected):]
+        assert proc.returncode == 2 and proc.stderr.startswith(expected)
         assert len(proc.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
 
 

@@ -21,7 +21,7 @@ from tests.test_denoising import direct_bias
 from tests.test_export import SENTENCES, TOL, framework_embeddings, sentence_transformer
 from tests.test_grad_cache import TRIPLETS
 from tests.test_train import compose_train
-from training.runner import build
+from training.runner import build_module
 
 RECIPES = ["promptbert_unsup_roberta", "promptbert_sup_roberta", "optiprompt_roberta"]
 
@@ -29,7 +29,7 @@ RECIPES = ["promptbert_unsup_roberta", "promptbert_sup_roberta", "optiprompt_rob
 def recipe_module(name: str, model_dir, *overrides):
     cfg = compose_train([f"experiment={name}", f"backbone.name_or_path={model_dir}", *overrides])
     torch.manual_seed(0)
-    return build(cfg.model)
+    return build_module(cfg)
 
 
 def test_recipes_use_the_papers_roberta_templates(tiny_roberta):

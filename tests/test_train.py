@@ -176,7 +176,7 @@ def test_hydra_multirun_runs_each_job_with_its_values(tiny_bert, real_data_root,
     assert proc.returncode == 0, proc.stderr[-2000:]
     for job, lr in enumerate([1e-5, 2e-5]):
         results = json.loads((tmp_path / f"job{job}" / "results.json").read_text())
-        assert results["provenance"]["config"]["model"]["lr"] == lr
+        assert results["provenance"]["config"]["optimizer"]["lr"] == lr
         assert set(results["scores"]) >= {"mask", "avg"}
     assert (tmp_path / "sweep" / "multirun.yaml").is_file()
 
