@@ -153,6 +153,17 @@ def run_train(*overrides):
                           text=True, timeout=300)
 
 
+@pytest.mark.parametrize("debug, steps", [("limit", 6), ("overfit", 40), ("profiler", 16)])
+def test_the_other_debug_configs_train(debug, steps, tiny_bert, real_data_root, tmp_path, nli_csv):
+    """debug=limit (3 epochs of 2 batches here: the tiny corpus has too few batches for 1%), overfit (the same 2
+    batches for 20 epochs) and profiler (one epoch, at most 20 steps: the 16 batches of 64 examples) run end to end."""
+    sizes = {"limit": ["trainer.limit_train_batches=2"], "overfit": ["trainer.overfit_batches=2"], "profiler": []}
+    cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "o", nli_csv),
+                         f"debug={debug}", "callbacks.sts_evaluation.score_best_at_end=false",
+                         "eval_every_n_steps=1000", *sizes[debug]])
+    assert train(cfg).global_step == steps
+
+
 @pytest.mark.parametrize("recipe", ["quickstart_unsup", "quickstart_sup", "quickstart_optiprompt"])
 def test_debug_fdr_from_the_command_line(recipe, tiny_bert, real_data_root, tmp_path):
     """`python train.py experiment=... debug=fdr`: one batch, then the final scoring; Hydra's files and the printed
