@@ -34,7 +34,7 @@ reproduce: install
 
 # No training: all-MiniLM-L6-v2 on the 7 STS tasks with mean, [MASK] and avg pooling.
 evaluate: install
-	$(BIN)/python evaluate.py 'poolers=[mean,mask,avg]' prompt=promptbert_bert output_dir=logs/evaluate-minilm
+	$(BIN)/python evaluate.py 'poolers=[mean,mask,avg]' template=promptbert_bert output_dir=logs/evaluate-minilm
 
 test: install
 	$(BIN)/ruff check .

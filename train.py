@@ -1,5 +1,5 @@
-"""Train a prompt-based sentence encoder: `python train.py experiment=promptbert_unsup [trainer=gpu]` (installed:
-`promptemb-train ...`). The command line lives in training/train.py."""
+"""Train a prompt-based sentence encoder: `python train.py experiment=promptbert_unsup [trainer=gpu] [debug=fdr]`
+(installed: `promptemb-train ...`). The command line lives in training/train.py."""
 
 from training.train import main
 

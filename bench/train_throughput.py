@@ -6,8 +6,8 @@ achieved FLOP/s and MFU.
         [--data-only N]   # the data path alone: loader wait + input tensors per batch, no model step
 
 The recipe is composed exactly as train.py composes it (same module, data module, precision from `trainer.precision`,
-gradient clipping from `trainer.gradient_clip_val`), so `module.grad_cache_chunk_size=16` or
-`module.gradient_checkpointing=true` measure those options. The loop is Lightning's automatic-optimisation step
+gradient clipping from `trainer.gradient_clip_val`), so `model.grad_cache_chunk_size=16` or
+`model.gradient_checkpointing=true` measure those options. The loop is Lightning's automatic-optimisation step
 written out so each phase can be timed (on a GPU every phase boundary synchronises):
 
 - data wait: `next()` on the recipe's training DataLoader and the batch's transfer to the device;
@@ -18,7 +18,7 @@ written out so each phase can be timed (on a GPU every phase boundary synchronis
   forwards excluded;
 - denoising: the template-bias forwards (their backward is part of backward);
 - backward: back-propagation (under gradient caching pass 2: re-forward and backward of every chunk but the last);
-- optimiser: gradient clipping, AdamW step, LR-schedule step, zero_grad.
+- optimiser: gradient clipping, the configured optimiser's step (AdamW), LR-schedule step, zero_grad.
 
 Besides wall time it reports the process's CPU time per step (all threads): on a shared CPU, where wall time
 depends on what else runs, that is the steadier measure of the work a step does.
@@ -44,12 +44,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from transformers import get_linear_schedule_with_warmup
 
 from common.errors import ConfigError, UserError
 from common.io import atomic_write_json
 from lightning_modules.losses import world_size
-from training.runner import build, compose_train
+from training.runner import build, build_module, compose_train
 
 PHASES = ("data_wait", "inputs", "forward", "denoising", "backward", "optimiser")
 AUTOCAST = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16}
@@ -127,7 +126,7 @@ def batches(loader, module, device):
 
 def _setup(cfg, device: torch.device):
     torch.manual_seed(int(cfg.seed))
-    module = build(cfg.module).to(device).train()
+    module = build_module(cfg).to(device).train()
     datamodule = build(cfg.data)
     datamodule.use_tokenization(module.sentence_tokenization())  # what a trainer's setup does (data.pretokenize)
     datamodule.setup("fit")
@@ -166,8 +165,8 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
         torch.backends.cudnn.allow_tf32 = True
     module, datamodule = _setup(cfg, device)
     params = [p for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=module.hparams.lr, weight_decay=module.hparams.weight_decay)
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, warmup + steps + 1)
+    optimizer = module.optimizer_factory(params)
+    scheduler = module.scheduler_factory(optimizer, warmup + steps + 1)
     clip = cfg.trainer.get("gradient_clip_val")
     dtype = AUTOCAST[precision]
     clock = Clock(device)
@@ -275,9 +274,9 @@ def main(argv: list[str] | None = None) -> None:
         result["peak_tflops"] = args.peak_tflops
         result["mfu"] = result["achieved_tflops"] / args.peak_tflops
     result["setup"] = {
-        "overrides": overrides, "model": str(cfg.module.model_name_or_path), "batch_size": int(cfg.data.batch_size),
-        "precision": str(cfg.trainer.precision), "grad_cache_chunk_size": cfg.module.get("grad_cache_chunk_size"),
-        "gradient_checkpointing": bool(cfg.module.get("gradient_checkpointing", False)),
+        "overrides": overrides, "model": str(cfg.model.model_name_or_path), "batch_size": int(cfg.data.batch_size),
+        "precision": str(cfg.trainer.precision), "grad_cache_chunk_size": cfg.model.get("grad_cache_chunk_size"),
+        "gradient_checkpointing": bool(cfg.model.get("gradient_checkpointing", False)),
         "pretokenize": bool(cfg.data.get("pretokenize", False)), "num_workers": cfg.data.get("num_workers"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,

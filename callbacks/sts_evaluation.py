@@ -186,8 +186,8 @@ class STSEvaluationCallback(pl.Callback):
             pooler, value = next(iter(bad.items()))
             raise DivergenceError(
                 f"dev score {self._metric(pooler)} is {value} at step {trainer.global_step}: the model diverged; "
-                "stopped without saving, the last good checkpoint stays as it was; lower module.lr or clip gradients "
-                "(trainer.gradient_clip_val=1.0)")
+                "stopped without saving, the last good checkpoint stays as it was; lower optimizer.lr or clip "
+                "gradients (trainer.gradient_clip_val=1.0)")
         return values
 
     def _shard(self, trainer) -> Shard | None:
@@ -209,7 +209,7 @@ class STSEvaluationCallback(pl.Callback):
                 f"{first[SELECTION_POOLER]:.2f}, final step {final['step']}: {final[SELECTION_POOLER]:.2f})")
         if first["step"] == 0 and final["step"] > 0 and final[SELECTION_POOLER] < first[SELECTION_POOLER]:
             line += ("; WARNING: the final dev score is below the untrained model's: training collapsed; "
-                     "lower module.lr or clip gradients")
+                     "lower optimizer.lr or clip gradients")
         return line
 
     def _metric(self, pooler: str) -> str:

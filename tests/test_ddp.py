@@ -41,7 +41,7 @@ def test_train_py_runs_two_process_ddp_on_cpu(experiment, tiny_bert, real_data_r
     numbers, one results.json. (quickstart_sup trains on the 494 SICK triplets of the data root.)"""
     out = tmp_path / "out"
     overrides = [f"experiment={experiment}", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-                 "trainer.precision=32-true", f"module.model_name_or_path={tiny_bert}", f"data_root={real_data_root}",
+                 "trainer.precision=32-true", f"backbone.name_or_path={tiny_bert}", f"data_root={real_data_root}",
                  f"output_dir={out}", "data.batch_size=4", "data.num_workers=0", "trainer.max_steps=4",
                  "eval_every_n_steps=2", "callbacks.sts_evaluation.final_tasks=[STSBenchmark]"]
     if experiment == "quickstart_unsup":

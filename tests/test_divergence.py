@@ -35,7 +35,7 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: loss is nan at step 3; stopped before the optimiser step, the saved checkpoints are from before it; "
-        "lower module.lr, clip gradients (trainer.gradient_clip_val=1.0) or train in fp32")
+        "lower optimizer.lr, clip gradients (trainer.gradient_clip_val=1.0) or train in fp32")
     assert "Traceback" not in proc.stderr
     saved = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 2
@@ -127,11 +127,11 @@ def test_optuna_search_records_the_failed_trial_and_goes_on(tiny_bert, real_data
         "  study_name: three\n  direction: maximize\n  n_trials: 3\n  storage: null\n"
         "  sampler: {_target_: optuna.samplers.RandomSampler, seed: 0}\n"
         "  enqueue:\n"
-        "    - {module.lr: 1.0e-4, +callbacks.poison.step: 99}\n"
-        "    - {module.lr: 1.0e-4, +callbacks.poison.step: 1}\n"
-        "    - {module.lr: 2.0e-4, +callbacks.poison.step: 99}\n"
+        "    - {optimizer.lr: 1.0e-4, +callbacks.poison.step: 99}\n"
+        "    - {optimizer.lr: 1.0e-4, +callbacks.poison.step: 1}\n"
+        "    - {optimizer.lr: 2.0e-4, +callbacks.poison.step: 99}\n"
         "  params:\n"
-        "    module.lr: tag(log, interval(1e-5, 1e-3))\n"
+        "    optimizer.lr: tag(log, interval(1e-5, 1e-3))\n"
         "    +callbacks.poison.step: choice(99, 1)\n")
     out = tmp_path / "study"
     proc = train_py(f"--config-dir={tmp_path / 'configs'}", *overrides(tiny_bert, real_data_root, out),

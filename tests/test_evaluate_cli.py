@@ -15,7 +15,7 @@ from poolers import build_pooler
 from tests.conftest import REPO
 from tests.helpers import sha256
 
-PROMPT = 'template=This sentence : "[X]" means [MASK] .'
+PROMPT = """template.text='This sentence : "[X]" means [MASK] .'"""  # quoted for Hydra, as docs/evaluation.md says
 
 
 def evaluate(*overrides, data_root=None, env_extra=None):
@@ -40,7 +40,7 @@ def assert_one_line_error(proc, pattern, output_dir=None):
 def test_score_writes_results_with_provenance(mini_data, tiny_bert, tmp_path):
     root, registry = mini_data
     out = tmp_path / "out"
-    proc = evaluate(f"model.name_or_path={tiny_bert}", "poolers=[mean,mask,avg]", PROMPT,
+    proc = evaluate(f"backbone.name_or_path={tiny_bert}", "poolers=[mean,mask,avg]", PROMPT,
                     "tasks=[MINI12,MINI-B,MINI-SICK]", f"task_registry={registry}", f"output_dir={out}",
                     data_root=root)
     assert proc.returncode == 0, proc.stderr
@@ -70,7 +70,7 @@ def encode_file(tiny_bert, tmp_path, pooler, sentences):
     """Run evaluate.py mode=encode on `sentences`; return (embeddings, provenance record)."""
     (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
     out = tmp_path / "emb.npy"
-    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", f"pooler={pooler}",
+    proc = evaluate("mode=encode", f"backbone.name_or_path={tiny_bert}", f"pooler={pooler}",
                     f"input={tmp_path / 'in.txt'}", f"output={out}")
     assert proc.returncode == 0, proc.stderr
     return np.load(out), json.loads((tmp_path / "emb.npy.json").read_text())
@@ -97,19 +97,19 @@ def test_encode_mode_fits_idf_on_the_input_file(tiny_bert, tmp_path):
 def test_encode_empty_input_file(tiny_bert, tmp_path):
     (tmp_path / "empty.txt").write_text("")
     out = tmp_path / "emb.npy"
-    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", f"input={tmp_path / 'empty.txt'}",
+    proc = evaluate("mode=encode", f"backbone.name_or_path={tiny_bert}", f"input={tmp_path / 'empty.txt'}",
                     f"output={out}")
     assert_one_line_error(proc, r"input file .*empty\.txt is empty")
     assert not out.exists()
     (tmp_path / "blank.txt").write_text("one\n\nthree\n")
-    proc = evaluate("mode=encode", f"model.name_or_path={tiny_bert}", f"input={tmp_path / 'blank.txt'}",
+    proc = evaluate("mode=encode", f"backbone.name_or_path={tiny_bert}", f"input={tmp_path / 'blank.txt'}",
                     f"output={out}")
     assert_one_line_error(proc, r"blank\.txt:2: empty sentence")
     assert not out.exists()
 
 
 def test_missing_data_root_says_how_to_set_it(tiny_bert, tmp_path):
-    proc = evaluate(f"model.name_or_path={tiny_bert}", f"output_dir={tmp_path / 'out'}")
+    proc = evaluate(f"backbone.name_or_path={tiny_bert}", f"output_dir={tmp_path / 'out'}")
     assert_one_line_error(proc, r"no data root set: pass data_root=PATH or export PROMPTEMB_DATA=PATH",
                           tmp_path / "out")
 
@@ -118,7 +118,7 @@ def test_checksum_mismatch_and_malformed_line(mini_data, tiny_bert, tmp_path):
     root, registry = mini_data
     sick = root / "downstream/SICK/SICK_test_annotated.txt"
     sick.write_text(sick.read_text() + "4\tonly a sentence\n")
-    common = (f"model.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={tmp_path / 'out'}",
+    common = (f"backbone.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={tmp_path / 'out'}",
               "tasks=[MINI-SICK]")
     proc = evaluate(*common, data_root=root)
     assert_one_line_error(proc, r"checksum mismatch for .*SICK_test_annotated\.txt", tmp_path / "out")
@@ -135,26 +135,27 @@ def test_checksum_mismatch_and_malformed_line(mini_data, tiny_bert, tmp_path):
     ("overrides", "pattern"),
     [(["poolers=[mean,nope]"], r"unknown pooler nope; valid poolers: cls, mean, first_last, avg, static, mask"),
      (["tasks=[STS17]"], r"unknown task STS17; valid tasks: STS12, STS13"),
-     (["poolers=[mask]", "template=This sentence means [MASK] ."], r"has 0 '\[X\]' slots; it needs exactly one"),
-     (["poolers=[mask]", 'template=This sentence : "[X]" .'], r"pooler 'mask' needs a \[MASK\] in the template"),
+     (["poolers=[mask]", "template.text='This sentence means [MASK] .'"], r"has 0 '\[X\]' slots; it needs exactly one"),
+     (["poolers=[mask]", """template.text='This sentence : "[X]" .'"""],
+      r"pooler 'mask' needs a \[MASK\] in the template"),
      (["poolers=[avg]"], r"pooler 'avg' pools over a prompt-templated input; pass a template"),
      (["mode=train"], r"unknown mode 'train'; valid: score, encode"),
      (["poolers=[token_avg]"], r"needs a named corpus .* pooler_args\.token_avg\.corpus=W")],
 )
 def test_config_errors(overrides, pattern, tiny_bert, real_data_root, tmp_path):
-    proc = evaluate(f"model.name_or_path={tiny_bert}", f"output_dir={tmp_path / 'out'}", *overrides,
+    proc = evaluate(f"backbone.name_or_path={tiny_bert}", f"output_dir={tmp_path / 'out'}", *overrides,
                     data_root=real_data_root)
     assert_one_line_error(proc, pattern, tmp_path / "out")
 
 
 def test_mask_pooling_on_model_without_mask_token(tiny_bert_no_mask, real_data_root, tmp_path):
-    proc = evaluate(f"model.name_or_path={tiny_bert_no_mask}", "poolers=[mask]", PROMPT, "tasks=[STS13]",
+    proc = evaluate(f"backbone.name_or_path={tiny_bert_no_mask}", "poolers=[mask]", PROMPT, "tasks=[STS13]",
                     f"output_dir={tmp_path / 'out'}", data_root=real_data_root)
     assert_one_line_error(proc, r"pooler 'mask' needs a \[MASK\] token but model .* has none", tmp_path / "out")
 
 
 def test_missing_model_directory(real_data_root, tmp_path):
-    proc = evaluate(f"model.name_or_path={tmp_path / 'no_model'}", f"output_dir={tmp_path / 'out'}",
+    proc = evaluate(f"backbone.name_or_path={tmp_path / 'no_model'}", f"output_dir={tmp_path / 'out'}",
                     data_root=real_data_root)
     assert_one_line_error(proc, r"model directory .*no_model does not exist", tmp_path / "out")
 
@@ -162,7 +163,7 @@ def test_missing_model_directory(real_data_root, tmp_path):
 def test_weighted_poolers_and_post_processors_from_the_cli(mini_data, tiny_bert, tmp_path):
     root, registry = mini_data
     out = tmp_path / "out"
-    proc = evaluate(f"model.name_or_path={tiny_bert}", "poolers=[ditto,sbert_wk,idf,remove_biases]",
+    proc = evaluate(f"backbone.name_or_path={tiny_bert}", "poolers=[ditto,sbert_wk,idf,remove_biases]",
                     "+pooler_args.ditto.head=1", "+pooler_args.sbert_wk.layer_start=1", "post=[quantile_u,abtt]",
                     "+post_args.abtt.k=1", "analysis=true", "tasks=[MINI12,MINI-B,MINI-SICK]",
                     f"task_registry={registry}", f"output_dir={out}", data_root=root)
@@ -187,6 +188,6 @@ def test_weighted_poolers_and_post_processors_from_the_cli(mini_data, tiny_bert,
 )
 def test_pooler_and_post_errors(overrides, pattern, mini_data, tiny_bert, tmp_path):
     root, registry = mini_data
-    proc = evaluate(f"model.name_or_path={tiny_bert}", "tasks=[MINI-B]", f"task_registry={registry}",
+    proc = evaluate(f"backbone.name_or_path={tiny_bert}", "tasks=[MINI-B]", f"task_registry={registry}",
                     f"output_dir={tmp_path / 'out'}", *overrides, data_root=root)
     assert_one_line_error(proc, pattern, tmp_path / "out")

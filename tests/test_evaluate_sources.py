@@ -31,16 +31,16 @@ def optiprompt_run(tiny_bert, real_data_root, tmp_path_factory) -> Path:
     (results.json) and exported (train.py's export hook)."""
     out = tmp_path_factory.mktemp("optiprompt") / "run"
     train(compose_config("train", [
-        "experiment=quickstart_optiprompt", f"module.model_name_or_path={tiny_bert}", f"data_root={real_data_root}",
+        "experiment=quickstart_optiprompt", f"backbone.name_or_path={tiny_bert}", f"data_root={real_data_root}",
         f"output_dir={out}", "trainer.precision=32-true", "trainer.max_steps=4", "eval_every_n_steps=2",
-        "module.lr=0.05", "data.batch_size=4", "data.num_workers=0", f"callbacks.sts_evaluation.final_tasks=[{TASK}]",
+        "optimizer.lr=0.05", "data.batch_size=4", "data.num_workers=0", f"callbacks.sts_evaluation.final_tasks=[{TASK}]",
         "data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64", f"export_dir={out / 'export'}"]))
     return out
 
 
 def evaluate_in_process(model: Path, data_root: Path, out: Path, *overrides: str) -> dict:
-    cfg = compose_config("evaluate", [f"model.name_or_path={model}", f"data_root={data_root}", f"output_dir={out}",
-                                      f"tasks=[{TASK}]", "poolers=[mean]", "progress=false", "model.device=cpu",
+    cfg = compose_config("eval", [f"backbone.name_or_path={model}", f"data_root={data_root}", f"output_dir={out}",
+                                      f"tasks=[{TASK}]", "poolers=[mean]", "progress=false", "backbone.device=cpu",
                                       *overrides])
     return run(cfg)
 
@@ -72,7 +72,7 @@ def test_checkpoint_run_folder_and_export_score_as_training_did(optiprompt_run, 
     assert record["soft_template"] is not None and record["template"] == trained["provenance"]["input"]["template"]
     # the soft prompt matters: the manual template on the same (frozen) encoder scores differently
     manual = evaluate_in_process(Path(trained["provenance"]["model"]["name_or_path"]), real_data_root,
-                                 tmp_path / "manual", "poolers=[mask]", f"template='{record['template']}'")
+                                 tmp_path / "manual", "poolers=[mask]", f"template.text='{record['template']}'")
     assert manual["scores"]["mask"][TASK] != pytest.approx(expected["mask"][TASK], abs=1e-3)
 
 
@@ -80,7 +80,7 @@ def test_checkpoint_run_folder_and_export_score_as_training_did(optiprompt_run, 
 def test_evaluate_py_on_a_checkpoint_file(optiprompt_run, real_data_root, tmp_path):
     best = best_checkpoint(optiprompt_run)
     out = tmp_path / "cli"
-    proc = evaluate(f"model.name_or_path={best}", f"tasks=[{TASK}]", "poolers=[mask]", f"output_dir={out}",
+    proc = evaluate(f"backbone.name_or_path={best}", f"tasks=[{TASK}]", "poolers=[mask]", f"output_dir={out}",
                     "model.device=cpu", data_root=real_data_root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     expected = json.loads((optiprompt_run / "results.json").read_text())["scores"]
@@ -91,9 +91,9 @@ def test_evaluate_py_on_a_checkpoint_file(optiprompt_run, real_data_root, tmp_pa
 
 def test_a_different_template_for_a_trained_model_is_one_line_error(optiprompt_run, real_data_root, tmp_path):
     out = tmp_path / "bad"
-    proc = evaluate(f"model.name_or_path={optiprompt_run / 'export'}", f"tasks=[{TASK}]", f"output_dir={out}",
-                    "template=This means [X] [MASK] .", data_root=real_data_root)
-    assert_one_line_error(proc, r"was trained with template .*drop template=", out)
+    proc = evaluate(f"backbone.name_or_path={optiprompt_run / 'export'}", f"tasks=[{TASK}]", f"output_dir={out}",
+                    "template.text='This means [X] [MASK] .'", data_root=real_data_root)
+    assert_one_line_error(proc, r"was trained with template .*drop the template=", out)
 
 
 def test_run_folder_without_checkpoints_is_refused(tmp_path):

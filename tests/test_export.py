@@ -166,7 +166,7 @@ def checkpoints(tiny_bert, real_data_root, tmp_path_factory) -> dict[str, Path]:
     for name in ("quickstart_unsup", "quickstart_sup", "quickstart_optiprompt"):
         out = tmp_path_factory.mktemp(name)
         cfg = compose_train([f"experiment={name}"])
-        overrides = [f"experiment={name}", f"module.model_name_or_path={tiny_bert}", f"data_root={real_data_root}",
+        overrides = [f"experiment={name}", f"backbone.name_or_path={tiny_bert}", f"data_root={real_data_root}",
                      f"output_dir={out}", "trainer.precision=32-true", "trainer.max_steps=2", "eval_every_n_steps=2",
                      "data.batch_size=4", "data.num_workers=0", "callbacks.sts_evaluation.final_tasks=[STSBenchmark]",
                      f"callbacks.sts_evaluation.score_best_at_end={name == 'quickstart_unsup'}"]

@@ -37,7 +37,7 @@ def test_soft_template_placed_by_offset_not_by_token_id(tiny_bert):
 
 
 def test_only_the_soft_template_changes(tiny_bert):
-    module = OptiPrompt(str(tiny_bert), template=PROMPT, lr=1e-2)
+    module = OptiPrompt(str(tiny_bert), template=PROMPT)
     before = {name: p.detach().clone() for name, p in module.named_parameters()}
     trainable = [name for name, p in module.named_parameters() if p.requires_grad]
     assert trainable == ["soft_template.vectors"]

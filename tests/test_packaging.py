@@ -83,15 +83,15 @@ def test_installed_package_is_self_contained(installed, tmp_path):
 @pytest.mark.slow
 def test_console_scripts_score_and_train_from_any_directory(installed, tiny_bert, real_data_root, tmp_path):
     env = clean_env(real_data_root)
-    scored = run([str(installed / "promptemb-evaluate"), f"model.name_or_path={tiny_bert}", "tasks=[STSBenchmark]",
-                  "poolers=[mean]", "output_dir=scores", "progress=false", "model.device=cpu"], cwd=tmp_path, env=env)
+    scored = run([str(installed / "promptemb-evaluate"), f"backbone.name_or_path={tiny_bert}", "tasks=[STSBenchmark]",
+                  "poolers=[mean]", "output_dir=scores", "progress=false", "backbone.device=cpu"], cwd=tmp_path, env=env)
     assert scored.returncode == 0, scored.stderr[-3000:]
     results = json.loads((tmp_path / "scores" / "results.json").read_text())
     assert -100 <= results["scores"]["mean"]["STSBenchmark"] <= 100
     assert results["provenance"]["versions"]["promptemb"] == "0.1.0"
 
     trained = run([str(installed / "promptemb-train"), "experiment=quickstart_unsup",
-                   f"module.model_name_or_path={tiny_bert}", "trainer.fast_dev_run=true", "trainer.accelerator=cpu",
+                   f"backbone.name_or_path={tiny_bert}", "debug=fdr", "trainer.accelerator=cpu",
                    "trainer.precision=32-true", "output_dir=run", "data.batch_size=4", "data.num_workers=0",
                    "data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64",
                    "callbacks.sts_evaluation.final_tasks=[STSBenchmark]"], cwd=tmp_path, env=env)

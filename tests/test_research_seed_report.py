@@ -115,7 +115,7 @@ def test_a_multirun_over_seed_writes_the_report_into_its_sweep_folder(tiny_bert,
     from tests.test_train import WIKI_SAMPLE
 
     sweep_dir = tmp_path / "sweep"
-    overrides = ["-m", "experiment=quickstart_unsup", f"module.model_name_or_path={tiny_bert}",
+    overrides = ["-m", "experiment=quickstart_unsup", f"backbone.name_or_path={tiny_bert}",
                  f"data_root={real_data_root}", "trainer.accelerator=cpu", "trainer.precision=32-true",
                  "callbacks.sts_evaluation.final_tasks=[STSBenchmark]", "data.batch_size=4", "data.num_workers=0",
                  "data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64",

@@ -61,8 +61,8 @@ def test_search_on_tiny_bert_registers_a_usable_winner(tiny_bert, mini_data, tmp
     assert record["best"]["template"] == ranking[0]["template"]
     assert (out / "template_search.png").read_bytes()[:4] == b"\x89PNG"
     with initialize_config_dir(str(configs), version_base="1.3"):
-        assert compose("evaluate", overrides=["prompt=searched"]).template == ranking[0]["template"]
-        pair = compose("train", overrides=["template_pair=searched"]).module.templates
+        assert compose("eval", overrides=["template=searched"]).template.text == ranking[0]["template"]
+        pair = compose("train", overrides=["template=searched_pair"]).model.templates
         assert list(pair) == [ranking[0]["template"], ranking[1]["template"]]
     with pytest.raises(SystemExit):  # the name is taken now: refused before any encoding
         template_search.main(["--candidates", str(candidates), "--register", "searched", "--configs-dir",

@@ -24,11 +24,11 @@ KILL = ["+callbacks.kill._target_=tests.helpers.KillAtStep", "+callbacks.kill.st
 
 
 def overrides(model: Path, root: Path, out: Path, *extra: str) -> list[str]:
-    return ["experiment=quickstart_unsup", f"module.model_name_or_path={model}", f"data_root={root}",
+    return ["experiment=quickstart_unsup", f"backbone.name_or_path={model}", f"data_root={root}",
             f"output_dir={out}", "trainer.accelerator=cpu", "trainer.precision=32-true", "data.batch_size=4",
             "data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=24", "trainer.max_steps=9",
             "trainer.max_epochs=2",
-            "eval_every_n_steps=4", "module.lr=1e-3", "trainer.log_every_n_steps=1",
+            "eval_every_n_steps=4", "optimizer.lr=1e-3", "trainer.log_every_n_steps=1",
             "callbacks.sts_evaluation.score_best_at_end=false",
             *extra]
 

@@ -21,19 +21,19 @@ from tests.test_denoising import direct_bias
 from tests.test_export import SENTENCES, TOL, framework_embeddings, sentence_transformer
 from tests.test_grad_cache import TRIPLETS
 from tests.test_train import compose_train
-from training.runner import build
+from training.runner import build_module
 
 RECIPES = ["promptbert_unsup_roberta", "promptbert_sup_roberta", "optiprompt_roberta"]
 
 
 def recipe_module(name: str, model_dir, *overrides):
-    cfg = compose_train([f"experiment={name}", f"module.model_name_or_path={model_dir}", *overrides])
+    cfg = compose_train([f"experiment={name}", f"backbone.name_or_path={model_dir}", *overrides])
     torch.manual_seed(0)
-    return build(cfg.module)
+    return build_module(cfg)
 
 
 def test_recipes_use_the_papers_roberta_templates(tiny_roberta):
-    unsup, sup, opti = (compose_train([f"experiment={name}"]).module for name in RECIPES)
+    unsup, sup, opti = (compose_train([f"experiment={name}"]).model for name in RECIPES)
     assert unsup.model_name_or_path == sup.model_name_or_path == opti.model_name_or_path == "roberta-base"
     assert list(unsup.templates) == ["This sentence : '[X]' means [MASK] .", "The sentence : '[X]' means [MASK] ."]
     assert list(sup.templates) == ["This sentence : '[X]' means [MASK] ."]
@@ -66,7 +66,7 @@ def test_remove_biases_keeps_word_initial_byte_level_tokens(tiny_roberta):
 def test_denoising_counts_positions_from_padding_idx_plus_one(tiny_roberta, name):
     """The bias of every template the recipe denoises with equals a direct forward of the template alone whose
     position ids start at 2 and skip the n sentence tokens; starting at 0 would give another bias."""
-    module = recipe_module(name, tiny_roberta, "module.denoise=true").eval()
+    module = recipe_module(name, tiny_roberta, "model.denoise=true").eval()
     model, tokenizer = module.transformer, module.tokenizer
     assert position_base(model) == 2
     lengths = torch.tensor([1, 4, 9, 4])
@@ -108,7 +108,7 @@ def test_supervised_head_starts_from_roberta_lm_head(tiny_roberta):
 def test_export_round_trip(tiny_roberta, tmp_path, name):
     """One optimiser step on the recipe, its checkpoint exported: sentence-transformers, the export directory and the
     checkpoint itself all give the framework's evaluation embeddings."""
-    module = recipe_module(name, tiny_roberta, "module.lr=1e-3")
+    module = recipe_module(name, tiny_roberta, "optimizer.lr=1e-3")
     batch = TRIPLETS if "sup" in name.split("_") else [s for s in SENTENCES if len(s) < 100]
     trainer = pl.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)

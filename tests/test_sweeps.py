@@ -45,7 +45,7 @@ def test_sweep_files_exist_and_validate():
         assert spec["program"] == "train.py" and "${args_no_hyphens}" in spec["command"]
         assert spec["metric"] == {"name": "val/stsb_dev/mask_best", "goal": "maximize"}  # not the last value
     unsup = load_sweep(REPO / "sweeps/promptbert_unsup.yaml")["parameters"]
-    assert {"module.lr", "module.temperature", "template_pair", "data.batch_size"} <= set(unsup)
+    assert {"optimizer.lr", "model.temperature", "template", "data.batch_size"} <= set(unsup)
 
 
 def test_command_is_built_by_wandbs_own_code_path(monkeypatch):
@@ -54,8 +54,8 @@ def test_command_is_built_by_wandbs_own_code_path(monkeypatch):
     spec = {"program": "train.py",
             "command": ["${env}", "${interpreter}", "${program}", "tag=${envvar:PROMPTEMB_TEST_TAG}",
                         "${args_no_hyphens}"]}
-    assert agent_command(spec, {"module.lr": 1e-05, "template_pair": "word"}) == [
-        "/usr/bin/env", "python", "train.py", "tag=abc", "module.lr=1e-05", "template_pair=word"]
+    assert agent_command(spec, {"optimizer.lr": 1e-05, "template": "word_pair"}) == [
+        "/usr/bin/env", "python", "train.py", "tag=abc", "optimizer.lr=1e-05", "template=word_pair"]
 
 
 def test_local_sampler_respects_the_spec():
@@ -66,7 +66,7 @@ def test_local_sampler_respects_the_spec():
         assert sample_parameter({"values": [64, 128]}, rng) in (64, 128)
         assert sample_parameter({"distribution": "int_uniform", "min": 1, "max": 3}, rng) in (1, 2, 3)
     with pytest.raises(ConfigError, match="distribution 'beta' is not supported"):
-        validate_sweep({**load_sweep(SWEEPS[0]), "parameters": {"module.lr": {"distribution": "beta"}}})
+        validate_sweep({**load_sweep(SWEEPS[0]), "parameters": {"optimizer.lr": {"distribution": "beta"}}})
 
 
 @pytest.mark.parametrize("sweep", SWEEPS, ids=[p.stem for p in SWEEPS])
@@ -75,7 +75,7 @@ def test_agent_command_of_a_sampled_configuration_trains(sweep, tiny_bert, real_
     params = sample(spec, random.Random(7))
     argv = agent_command(spec, params, interpreter=sys.executable, program=str(REPO / "train.py"))
     out = tmp_path / "out"
-    tiny = [f"module.model_name_or_path={tiny_bert}", f"output_dir={out}", "trainer.accelerator=cpu",
+    tiny = [f"backbone.name_or_path={tiny_bert}", f"output_dir={out}", "trainer.accelerator=cpu",
             "trainer.precision=32-true", "trainer.max_steps=2", "trainer.max_epochs=1", "eval_every_n_steps=2",
             "callbacks.sts_evaluation.final_tasks=[STSBenchmark]", "data.download=null",
             f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=600", "data.num_workers=0"]
@@ -86,20 +86,20 @@ def test_agent_command_of_a_sampled_configuration_trains(sweep, tiny_bert, real_
     assert (out / "results.json").is_file() and (out / "curve.json").is_file()
     config = json.loads((out / "results.json").read_text())["provenance"]["config"]
     for key, value in params.items():
-        if key == "template_pair":
-            group = yaml.safe_load((REPO / "configs/template_pair" / f"{value}.yaml").read_text())
-            assert config["module"]["templates"] == group["templates"]
+        if key == "template":
+            group = yaml.safe_load((REPO / "configs/template" / f"{value}.yaml").read_text())
+            assert config["model"]["templates"] == [group["text"], group["second_text"]]
         else:
             section, name = key.split(".")
             assert config[section][name] == pytest.approx(value)
     (run_dir,) = (out / "wandb").glob("offline-run-*")  # logger=wandb in the sweep command; offline here
-    assert read_run(run_dir)["config"]["module"]["lr"] == pytest.approx(params["module.lr"])
+    assert read_run(run_dir)["config"]["optimizer"]["lr"] == pytest.approx(params["optimizer.lr"])
 
 
 @pytest.fixture()
 def bad_sweep(tmp_path) -> Path:
     spec = load_sweep(REPO / "sweeps/promptbert_unsup.yaml")
-    spec["parameters"]["module.learning_rate"] = {"values": [1e-5, 3e-5]}
+    spec["parameters"]["model.learning_rate"] = {"values": [1e-5, 3e-5]}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -107,16 +107,16 @@ def bad_sweep(tmp_path) -> Path:
 
 def test_unknown_parameter_is_named(bad_sweep, tmp_path):
     with pytest.raises(ConfigError, match=r"^sweep bad\.yaml: parameter \(experiment=promptbert_unsup\) "
-                                          r"'module\.learning_rate' is not a key of train\.py's config; .*"
-                                          r"prefix it with '\+' \(\+module\.learning_rate=\.\.\.\)"):
+                                          r"'model\.learning_rate' is not a key of train\.py's config; .*"
+                                          r"prefix it with '\+' \(\+model\.learning_rate=\.\.\.\)"):
         validate_sweep(load_sweep(bad_sweep), where="sweep bad.yaml")
     spec = load_sweep(REPO / "sweeps/promptbert_unsup.yaml")
-    spec["parameters"]["template_pair"]["values"].append("nope")
-    with pytest.raises(ConfigError, match=r"parameter 'template_pair' is the config group template_pair/: values "
-                                          r"must be among bert, minilm_searched, roberta, same, word "
+    spec["parameters"]["template"]["values"].append("nope")
+    with pytest.raises(ConfigError, match=r"parameter 'template' is the config group template/: values "
+                                          r"must be among minilm_searched, minilm_searched_pair, none, .*"
                                           r"\(got \['nope'\]\)"):
         validate_sweep(spec)
-    spec["parameters"] = {"module": {"parameters": {"lr": {"value": 1e-5}}}}
+    spec["parameters"] = {"optimizer": {"parameters": {"lr": {"value": 1e-5}}}}
     with pytest.raises(ConfigError, match="nested parameters are not Hydra overrides: use dotted keys"):
         validate_sweep(spec)
 
@@ -127,7 +127,7 @@ def test_unknown_parameter_one_line_from_the_checker_and_from_train_py(bad_sweep
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: sweep {bad_sweep}: parameter (experiment=promptbert_unsup) "
-                                  "'module.learning_rate' is not a key of train.py's config")
+                                  "'model.learning_rate' is not a key of train.py's config")
     assert len(proc.stderr.strip().splitlines()) == 1
     # what a W&B agent would run with it: train.py itself refuses it in one line, before loading anything
     spec = load_sweep(bad_sweep)
@@ -135,5 +135,5 @@ def test_unknown_parameter_one_line_from_the_checker_and_from_train_py(bad_sweep
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: 'module.learning_rate' is not a key of train.py's config; did you mean 'module.lr'? "
-        "prefix it with '+' (+module.learning_rate=...) only if it is really a new key"]
+        "error: 'model.learning_rate' is not a key of train.py's config; did you mean 'optimizer.lr'? "
+        "prefix it with '+' (+model.learning_rate=...) only if it is really a new key"]

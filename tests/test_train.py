@@ -40,7 +40,7 @@ def nli_csv(tmp_path) -> Path:
 
 def tiny_overrides(name, tiny_bert, root, out, nli_csv):
     cfg = compose_train([f"experiment={name}"])
-    overrides = [f"experiment={name}", f"module.model_name_or_path={tiny_bert}", f"data_root={root}",
+    overrides = [f"experiment={name}", f"backbone.name_or_path={tiny_bert}", f"data_root={root}",
                  f"output_dir={out}", "trainer.accelerator=cpu", "trainer.precision=32-true",
                  "callbacks.sts_evaluation.final_tasks=[STSBenchmark]", "data.batch_size=4", "data.num_workers=0"]
     if cfg.data._target_.endswith("TextLinesDataModule"):
@@ -59,29 +59,30 @@ def test_experiment_list():
 @pytest.mark.parametrize("name", experiment_names())
 def test_every_experiment_runs_fast_dev_run(name, tiny_bert, real_data_root, tmp_path, nli_csv):
     out = tmp_path / "out"
-    cfg = compose_train([*tiny_overrides(name, tiny_bert, real_data_root, out, nli_csv), "trainer.fast_dev_run=true"])
+    cfg = compose_train([*tiny_overrides(name, tiny_bert, real_data_root, out, nli_csv), "debug=fdr"])
+    assert cfg.trainer.fast_dev_run is True and cfg.trainer.detect_anomaly is True
     trainer = train(cfg)
     assert trainer.state.finished and trainer.global_step == 1
     results = json.loads((out / "results.json").read_text())
     assert set(results["scores"]) == {"mask", "avg"}
     assert -100 <= results["scores"]["mask"]["STSBenchmark"] <= 100
     assert results["provenance"]["input"]["template"].count("[MASK]") >= 1
-    assert results["provenance"]["config"]["module"]["_target_"] == cfg.module._target_
+    assert results["provenance"]["config"]["model"]["_target_"] == cfg.model._target_
 
 
 def test_published_recipes_keep_their_hyperparameters():
     unsup, sup, opti = (compose_train([f"experiment={n}"]) for n in ("promptbert_unsup", "promptbert_sup",
                                                                      "optiprompt"))
-    assert (unsup.module.lr, unsup.data.batch_size, unsup.trainer.max_epochs, unsup.eval_every_n_steps) == (
+    assert (unsup.optimizer.lr, unsup.data.batch_size, unsup.trainer.max_epochs, unsup.eval_every_n_steps) == (
         1e-5, 256, 1, 125)
-    assert unsup.module.model_name_or_path == "bert-base-uncased" and unsup.module.temperature == 0.05
-    assert (sup.module.lr, sup.data.batch_size, sup.trainer.max_epochs) == (5e-5, 512, 3)
-    assert (opti.module.lr, opti.data.batch_size, opti.trainer.max_epochs) == (3e-5, 256, 5)
+    assert unsup.model.model_name_or_path == "bert-base-uncased" and unsup.model.temperature == 0.05
+    assert (sup.optimizer.lr, sup.data.batch_size, sup.trainer.max_epochs) == (5e-5, 512, 3)
+    assert (opti.optimizer.lr, opti.data.batch_size, opti.trainer.max_epochs) == (3e-5, 256, 5)
     unsup_r, sup_r, opti_r = (compose_train([f"experiment={n}_roberta"]) for n in ("promptbert_unsup",
                                                                                  "promptbert_sup", "optiprompt"))
-    assert (unsup_r.module.lr, unsup_r.data.batch_size, unsup_r.trainer.max_epochs) == (1e-5, 256, 1)
-    assert (sup_r.module.lr, sup_r.data.batch_size, sup_r.trainer.max_epochs) == (5e-5, 512, 3)
-    assert (opti_r.module.lr, opti_r.data.batch_size, opti_r.trainer.max_epochs) == (3e-5, 256, 5)
+    assert (unsup_r.optimizer.lr, unsup_r.data.batch_size, unsup_r.trainer.max_epochs) == (1e-5, 256, 1)
+    assert (sup_r.optimizer.lr, sup_r.data.batch_size, sup_r.trainer.max_epochs) == (5e-5, 512, 3)
+    assert (opti_r.optimizer.lr, opti_r.data.batch_size, opti_r.trainer.max_epochs) == (3e-5, 256, 5)
     # the official recipes train with Hugging Face Trainer, whose default clips the gradient norm at 1.0
     paper = (unsup, sup, opti, unsup_r, sup_r, opti_r)
     assert [cfg.trainer.gradient_clip_val for cfg in paper] == [1.0] * 6
@@ -152,16 +153,41 @@ def run_train(*overrides):
                           text=True, timeout=300)
 
 
+@pytest.mark.parametrize("debug, steps", [("limit", 6), ("overfit", 40), ("profiler", 16)])
+def test_the_other_debug_configs_train(debug, steps, tiny_bert, real_data_root, tmp_path, nli_csv):
+    """debug=limit (3 epochs of 2 batches here: the tiny corpus has too few batches for 1%), overfit (the same 2
+    batches for 20 epochs) and profiler (one epoch, at most 20 steps: the 16 batches of 64 examples) run end to end."""
+    sizes = {"limit": ["trainer.limit_train_batches=2"], "overfit": ["trainer.overfit_batches=2"], "profiler": []}
+    cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "o", nli_csv),
+                         f"debug={debug}", "callbacks.sts_evaluation.score_best_at_end=false",
+                         "eval_every_n_steps=1000", *sizes[debug]])
+    assert train(cfg).global_step == steps
+
+
+@pytest.mark.parametrize("recipe", ["quickstart_unsup", "quickstart_sup", "quickstart_optiprompt"])
+def test_debug_fdr_from_the_command_line(recipe, tiny_bert, real_data_root, tmp_path):
+    """`python train.py experiment=... debug=fdr`: one batch, then the final scoring; Hydra's files and the printed
+    config inside the run folder."""
+    out = tmp_path / "run"
+    data = ([f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64"] if recipe != "quickstart_sup"
+            else ["data.max_examples=16"])
+    proc = run_train(f"experiment={recipe}", "debug=fdr", f"backbone.name_or_path={tiny_bert}",
+                     f"data_root={real_data_root}", f"output_dir={out}", "data.batch_size=4", *data)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert set(json.loads((out / "results.json").read_text())["scores"]) == {"mask", "avg"}
+    assert (out / ".hydra" / "config.yaml").is_file() and "config:" in (out / "train.log").read_text()
+
+
 def test_hydra_multirun_runs_each_job_with_its_values(tiny_bert, real_data_root, tmp_path, nli_csv):
     """The README's offline sweep: `train.py -m` with a comma sweep, one output_dir per job."""
     base = [o for o in tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path, nli_csv)
             if not o.startswith("output_dir=")]
-    proc = run_train("-m", *base, "trainer.max_steps=2", "eval_every_n_steps=2", "module.lr=1e-5,2e-5",
+    proc = run_train("-m", *base, "trainer.max_steps=2", "eval_every_n_steps=2", "optimizer.lr=1e-5,2e-5",
                      f"output_dir={tmp_path}/job${{hydra:job.num}}", f"hydra.sweep.dir={tmp_path}/sweep")
     assert proc.returncode == 0, proc.stderr[-2000:]
     for job, lr in enumerate([1e-5, 2e-5]):
         results = json.loads((tmp_path / f"job{job}" / "results.json").read_text())
-        assert results["provenance"]["config"]["module"]["lr"] == lr
+        assert results["provenance"]["config"]["optimizer"]["lr"] == lr
         assert set(results["scores"]) >= {"mask", "avg"}
     assert (tmp_path / "sweep" / "multirun.yaml").is_file()
 
@@ -180,15 +206,15 @@ def test_objective_falls_back_to_the_logged_dev_scores(tiny_bert, real_data_root
 
 
 def test_multirun_unknown_key_is_one_line_naming_it():
-    proc = run_train("-m", "experiment=quickstart_unsup", "module.learning_rate=1e-5,2e-5", "trainer=default,gpu")
+    proc = run_train("-m", "experiment=quickstart_unsup", "model.learning_rate=1e-5,2e-5", "trainer=default,gpu")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: 'module.learning_rate' is not a key of train.py's config; did you mean 'module.lr'? "
-        "prefix it with '+' (+module.learning_rate=...) only if it is really a new key"]
+        "error: 'model.learning_rate' is not a key of train.py's config; did you mean 'optimizer.lr'? "
+        "prefix it with '+' (+model.learning_rate=...) only if it is really a new key"]
 
 
 def test_multirun_experiment_sweeps_check_every_name():
-    check_experiment_overrides(["-m", "experiment=quickstart_unsup,optiprompt", "module.lr=1e-5,2e-5"])
+    check_experiment_overrides(["-m", "experiment=quickstart_unsup,optiprompt", "optimizer.lr=1e-5,2e-5"])
     check_experiment_overrides(["-m", "experiment=choice(quickstart_unsup,quickstart_sup)"])
     with pytest.raises(ConfigError, match=r"unknown experiment 'nope'; valid experiments: optiprompt, "):
         check_experiment_overrides(["-m", "experiment=quickstart_unsup,nope"])

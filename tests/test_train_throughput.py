@@ -40,9 +40,9 @@ def test_short_run_writes_every_figure(tiny_bert, real_data_root, tmp_path, caps
     from tests.test_train import WIKI_SAMPLE
 
     out = tmp_path / "result.json"
-    main([f"module.model_name_or_path={tiny_bert}", "experiment=quickstart_unsup", f"data_root={real_data_root}",
+    main([f"backbone.name_or_path={tiny_bert}", "experiment=quickstart_unsup", f"data_root={real_data_root}",
           f"data.files=[{WIKI_SAMPLE}]", "data.batch_size=4", "data.max_examples=16",
-          f"data.cache_dir={tmp_path}", "module.grad_cache_chunk_size=2",
+          f"data.cache_dir={tmp_path}", "model.grad_cache_chunk_size=2",
           "trainer.precision=bf16-mixed", "--steps", "2", "--warmup", "1", "--device", "cpu", "--peak-tflops", "1",
           "--out", str(out)])
     result = json.loads(out.read_text())
@@ -61,7 +61,7 @@ def test_data_only_times_the_data_path(pretokenize, tiny_bert, real_data_root, t
     from tests.test_train import WIKI_SAMPLE
 
     out = tmp_path / "data.json"
-    main([f"module.model_name_or_path={tiny_bert}", "experiment=quickstart_unsup", f"data_root={real_data_root}",
+    main([f"backbone.name_or_path={tiny_bert}", "experiment=quickstart_unsup", f"data_root={real_data_root}",
           f"data.files=[{WIKI_SAMPLE}]", "data.batch_size=4", "data.max_examples=16", f"data.cache_dir={tmp_path}",
           f"data.pretokenize={pretokenize}", "--data-only", "5", "--device", "cpu", "--out", str(out)])
     result = json.loads(out.read_text())

@@ -227,7 +227,7 @@ def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     root, registry = mini_data
     write_mini_labeled(root, registry)
     out = tmp_path / "out"
-    proc = evaluate(f"model.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={out}",
+    proc = evaluate(f"backbone.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={out}",
                     "tasks=[MINI12,MINITR,MINICL]", "poolers=[mean,cls]", "post=[zscore]",
                     "+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+transfer_args.l2_grid=[0.001,0.01]",
                     "+clustering_args.trials=2", "+clustering_args.n_init=2", data_root=root)
@@ -257,6 +257,6 @@ def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     assert results["families"]["transfer"]["details"]["mean"]["MINITR"]["accuracy"] == expected["accuracy"]
     assert results["families"]["transfer"]["details"]["mean"]["MINITR"]["l2"] == expected["l2"]
 
-    bad = evaluate(f"model.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={tmp_path / 'x'}",
+    bad = evaluate(f"backbone.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={tmp_path / 'x'}",
                    "tasks=[MINITR]", "+transfer_args.folds=3", data_root=root)
     assert bad.returncode == 2 and "unknown transfer_args field(s) folds" in bad.stderr

@@ -55,7 +55,7 @@ def no_hard_negatives(tmp_path) -> Path:
 
 
 def train_overrides(tiny_bert, out, *extra):
-    return ["experiment=quickstart_unsup", f"module.model_name_or_path={tiny_bert}", f"output_dir={out}",
+    return ["experiment=quickstart_unsup", f"backbone.name_or_path={tiny_bert}", f"output_dir={out}",
             "trainer.accelerator=cpu", "data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64",
             *extra]
 
@@ -65,7 +65,7 @@ def train_overrides(tiny_bert, out, *extra):
 
 @pytest.mark.parametrize("override, pattern", [
     ("data.batch_size=abc", r"^error: data\.batch_size='abc' is not valid: batch_size must be an integer >= 1$"),
-    ("module.temperature=0", r"^error: module\.temperature=0 is out of range: temperature must be a number > 0$"),
+    ("model.temperature=0", r"^error: model\.temperature=0 is out of range: temperature must be a number > 0$"),
     ("trainer.precision=bf16-mixd", r"^error: trainer\.precision='bf16-mixd' is not valid: precision must be null or "
                                     r"one of 64, 32, 16, .*bf16-mixed, 32-true"),
     ("data.files=[no/such/corpus.txt]", r"^error: data\.files: corpus file .*no/such/corpus\.txt does not exist "
@@ -90,7 +90,7 @@ def test_train_truncated_weights_name_the_file(truncated_bert, real_data_root, t
 def test_supervised_csv_without_hard_negatives_fails_before_the_model_loads(tiny_bert, real_data_root, tmp_path,
                                                                            no_hard_negatives):
     out = tmp_path / "run"
-    proc = run("train.py", "experiment=quickstart_sup", f"module.model_name_or_path={tiny_bert}", f"output_dir={out}",
+    proc = run("train.py", "experiment=quickstart_sup", f"backbone.name_or_path={tiny_bert}", f"output_dir={out}",
                "data.format=nli_csv", f"data.file={no_hard_negatives}", data_root=real_data_root)
     assert_one_line_error(proc, r"nli\.csv: missing column\(s\) hard_neg; expected a header sent0,sent1,hard_neg", out)
     assert "LOAD REPORT" not in proc.stderr and "Loading weights" not in proc.stderr  # no model was loaded
@@ -109,27 +109,29 @@ def test_train_unwritable_output_dir(tiny_bert, real_data_root, tmp_path):
 
 
 @pytest.mark.parametrize("override, pattern", [
-    ("model.batch_size=abc", r"^error: model\.batch_size='abc' is not valid: batch_size must be an integer >= 1$"),
-    ("model.dtype=float8", r"^error: model\.dtype='float8' is not valid: dtype must be one of float32, bfloat16, "
-                           r"float16$"),
-    pytest.param("model.device=cuda", r"^error: model\.device=cuda but this machine has no CUDA GPU", marks=NO_CUDA),
+    ("backbone.batch_size=abc",
+     r"^error: backbone\.batch_size='abc' is not valid: batch_size must be an integer >= 1$"),
+    ("backbone.dtype=float8", r"^error: backbone\.dtype='float8' is not valid: dtype must be one of float32, "
+                              r"bfloat16, float16$"),
+    pytest.param("backbone.device=cuda", r"^error: backbone\.device=cuda but this machine has no CUDA GPU",
+                 marks=NO_CUDA),
 ])
 def test_evaluate_bad_value_is_one_line_and_leaves_nothing(override, pattern, tiny_bert, real_data_root, tmp_path):
     out = tmp_path / "out"
-    proc = run("evaluate.py", f"model.name_or_path={tiny_bert}", f"output_dir={out}", override, cwd=tmp_path,
+    proc = run("evaluate.py", f"backbone.name_or_path={tiny_bert}", f"output_dir={out}", override, cwd=tmp_path,
                data_root=real_data_root)
     assert_one_line_error(proc, pattern, out, tmp_path / "logs")
 
 
 def test_evaluate_truncated_weights_and_unwritable_output(truncated_bert, tiny_bert, real_data_root, tmp_path):
     out = tmp_path / "out"
-    proc = run("evaluate.py", f"model.name_or_path={truncated_bert}", f"output_dir={out}", cwd=tmp_path,
+    proc = run("evaluate.py", f"backbone.name_or_path={truncated_bert}", f"output_dir={out}", cwd=tmp_path,
                data_root=real_data_root)
     assert_one_line_error(proc, r"^error: model weights .*model\.safetensors are truncated or corrupt", out,
                           tmp_path / "logs")
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    proc = run("evaluate.py", f"model.name_or_path={tiny_bert}", f"output_dir={blocker / 'out'}", cwd=tmp_path,
+    proc = run("evaluate.py", f"backbone.name_or_path={tiny_bert}", f"output_dir={blocker / 'out'}", cwd=tmp_path,
                data_root=real_data_root)
     assert_one_line_error(proc, r"^error: output_dir='.*a_file/out' cannot be created", tmp_path / "logs")
 
@@ -140,12 +142,12 @@ def test_evaluate_keeps_hydra_files_in_the_run_folder_not_the_cwd(tiny_bert, min
     tmp_path = tmp_path / "cwd"
     tmp_path.mkdir()
     out = tmp_path / "out"
-    proc = run("evaluate.py", f"model.name_or_path={tiny_bert}", f"output_dir={out}", "tasks=[MINI-B]",
+    proc = run("evaluate.py", f"backbone.name_or_path={tiny_bert}", f"output_dir={out}", "tasks=[MINI-B]",
                f"task_registry={registry}", "progress=false", cwd=tmp_path, data_root=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {".hydra", "evaluate.log", "results.json"} <= {p.name for p in out.iterdir()}
     (tmp_path / "in.txt").write_text("a man is playing a guitar .\n")
-    proc = run("evaluate.py", "mode=encode", f"model.name_or_path={tiny_bert}", f"input={tmp_path / 'in.txt'}",
+    proc = run("evaluate.py", "mode=encode", f"backbone.name_or_path={tiny_bert}", f"input={tmp_path / 'in.txt'}",
                f"output={tmp_path / 'emb.npy'}", "progress=false", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.npy", "emb.npy.json", "in.txt", "out"]
@@ -159,20 +161,26 @@ def test_evaluate_keeps_hydra_files_in_the_run_folder_not_the_cwd(tiny_bert, min
     ("data.batch_size=2.5", "data.batch_size=2.5 is not valid: batch_size must be an integer >= 1"),
     ("data.batch_size=true", "data.batch_size=True is not valid: batch_size must be an integer >= 1"),
     ("data.num_workers=-1", "data.num_workers=-1 is out of range: num_workers must be an integer >= 0"),
-    ("module.lr=0", "module.lr=0 is out of range: lr must be a number > 0"),
-    ("module.lr=fast", "module.lr='fast' is not valid: lr must be a number > 0"),
-    ("module.warmup_ratio=1.5", "module.warmup_ratio=1.5 is out of range: warmup_ratio must be a number >= 0 and <= 1"),
-    ("module.max_sentence_tokens=0", "module.max_sentence_tokens=0 is out of range"),
-    ("module.sentence_rule=promptbert_v2", "module.sentence_rule='promptbert_v2' is not valid: sentence_rule must be "
+    ("optimizer.lr=0", "optimizer.lr=0 is out of range: lr must be a number > 0"),
+    ("optimizer.lr=fast", "optimizer.lr='fast' is not valid: lr must be a number > 0"),
+    ("scheduler.warmup_ratio=1.5", "scheduler.warmup_ratio=1.5 is out of range: warmup_ratio must be a number >= 0 "
+                                   "and <= 1"),
+    ("optimizer.weight_decay=-1", "optimizer.weight_decay=-1 is out of range: weight_decay must be a number >= 0"),
+    ("template.sentence_rule=x", "template.sentence_rule='x' is not valid: sentence_rule must be one of none,"),
+    ("template=promptbert_bert", "PromptBERTUnsup trains with a pair of templates (template.text, "
+                                 "template.second_text) but the template config gives one template; valid here: "
+                                 "template=minilm_searched_pair|promptbert_bert_pair|"),
+    ("model.max_sentence_tokens=0", "model.max_sentence_tokens=0 is out of range"),
+    ("model.sentence_rule=promptbert_v2", "model.sentence_rule='promptbert_v2' is not valid: sentence_rule must be "
                                            "one of none, append_period, promptbert"),
-    ("module.denoise=maybe", "module.denoise='maybe' is not valid: denoise must be true or false"),
+    ("model.denoise=maybe", "model.denoise='maybe' is not valid: denoise must be true or false"),
     ("eval_every_n_steps=0", "eval_every_n_steps=0 is out of range: eval_every_n_steps must be an integer >= 1"),
     ("seed=-1", "seed=-1 is out of range: seed must be an integer >= 0 and <= 4294967295"),
     ("trainer.max_steps=many", "trainer.max_steps='many' is not valid: max_steps must be an integer >= -1"),
     ("trainer.gradient_clip_val=-1.0", "trainer.gradient_clip_val=-1.0 is out of range"),
     ("trainer.accelerator=tpuu", "trainer.accelerator='tpuu' is not valid: accelerator must be one of auto, cpu"),
     ("callbacks.sts_evaluation.every_n_steps=0", "callbacks.sts_evaluation.every_n_steps=0 is out of range"),
-    ("+module.learning_rate=1e-3", "module.learning_rate is not a parameter of PromptBERTUnsup; valid: denoise,"),
+    ("+model.learning_rate=1e-3", "model.learning_rate is not a parameter of PromptBERTUnsup; valid: denoise,"),
 ])
 def test_every_key_class_is_checked_before_loading(override, message, tiny_bert, real_data_root, tmp_path):
     cfg = compose_train([*train_overrides(tiny_bert, tmp_path / "run", override), f"data_root={real_data_root}"])
@@ -201,16 +209,16 @@ def test_evaluate_checks_in_process(tiny_bert, tmp_path):
 
     def evaluate_cfg(*overrides):
         with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
-            return compose("evaluate", overrides=[f"model.name_or_path={tiny_bert}",
+            return compose("eval", overrides=[f"backbone.name_or_path={tiny_bert}",
                                                   f"output_dir={tmp_path / 'out'}", *overrides])
 
     check_evaluate_config(evaluate_cfg())
-    for override, message in [("model.max_length=0", "model.max_length=0 is out of range"),
+    for override, message in [("backbone.max_length=0", "backbone.max_length=0 is out of range"),
                               ("max_sentence_tokens=-2", "max_sentence_tokens=-2 is out of range"),
-                              ("model.device=gpu0", "model.device='gpu0' is not a device"),
+                              ("backbone.device=gpu0", "backbone.device='gpu0' is not a device"),
                               ("analysis=yes", "analysis='yes' is not valid: analysis must be true or false"),
                               (f"task_registry={tmp_path / 'none.yaml'}", "task_registry="),
-                              ("+model.foo=1", "model.foo is not a parameter of Encoder")]:
+                              ("+backbone.foo=1", "backbone.foo is not a parameter of Encoder")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             check_evaluate_config(evaluate_cfg(override))
     assert not (tmp_path / "out").exists()

@@ -55,8 +55,8 @@ def test_offline_run_logs_config_metrics_sts_table_and_resume_keeps_run_id(tiny_
 
     # hyper-parameters = the full resolved config; per-step metrics at their trainer step
     logged = read_run(run_dir)
-    assert logged["config"]["module"]["lr"] == 3.0e-5 and logged["config"]["data"]["batch_size"] == 4
-    assert logged["config"]["module"]["model_name_or_path"] == str(tiny_bert)
+    assert logged["config"]["optimizer"]["lr"] == 3.0e-5 and logged["config"]["data"]["batch_size"] == 4
+    assert logged["config"]["model"]["model_name_or_path"] == str(tiny_bert)
     steps = {name: sorted(h["trainer/global_step"] for h in logged["history"] if name in h)
              for name in ("train/loss", "val/stsb_dev/mask", "final/sts/path", "final/sts/mask/STSBenchmark")}
     # Lightning logs the loss of batches 0 and 1 at their index; the callback logs each dev score at the optimiser

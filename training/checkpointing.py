@@ -56,7 +56,7 @@ class RunCheckpoint(ModelCheckpoint):
             last = self.last_model_path or "none yet"
             raise DivergenceError(
                 f"weights are not finite at step {trainer.global_step} ({bad}); stopped without saving, the last good "
-                f"checkpoint is {last}; lower module.lr or clip gradients (trainer.gradient_clip_val=1.0)")
+                f"checkpoint is {last}; lower optimizer.lr or clip gradients (trainer.gradient_clip_val=1.0)")
         for logger in trainer.loggers:
             logger.save()
         super()._save_checkpoint(trainer, filepath)

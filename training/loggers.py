@@ -98,7 +98,7 @@ def build_loggers(cfg_logger: DictConfig | None, resume: dict | None = None) -> 
 
 
 def log_config(loggers: list[Logger], cfg: DictConfig) -> None:
-    """The full resolved Hydra config as W&B run config (nested: module.lr, data.batch_size, ... as in sweeps)."""
+    """The full resolved Hydra config as W&B run config (nested: optimizer.lr, data.batch_size, ... as in sweeps)."""
     resolved = None
     for logger in loggers:
         if isinstance(logger, WandbLogger):

@@ -52,7 +52,7 @@ def search_space(params: dict) -> dict:
                               "range(...), interval(a, b) or tag(log, interval(a, b))")
     if not space:
         raise ConfigError("hparams_search.params is empty; name at least one key to search, e.g. "
-                          "module.lr: tag(log, interval(1e-5, 1e-4))")
+                          "optimizer.lr: tag(log, interval(1e-5, 1e-4))")
     return space
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -37,6 +38,11 @@ def compose_train(overrides: list[str]) -> DictConfig:
     """train.py's config as Hydra composes it for these overrides (no run, no output directory)."""
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("train", overrides=overrides)
+
+
+def build_module(cfg: DictConfig) -> pl.LightningModule:
+    """The recipe (`model`) with the configured optimiser and schedule (`optimizer`, `scheduler`: Hydra partials)."""
+    return build(cfg.model, optimizer=build(cfg.optimizer), scheduler=build(cfg.scheduler))
 
 
 def experiment_names() -> list[str]:
@@ -94,7 +100,13 @@ def build(node, **kwargs):
 
 #: Common spellings of keys this config names differently (for the "did you mean" hint).
 KEY_ALIASES = {"learning_rate": "lr", "tau": "temperature", "temp": "temperature", "bs": "batch_size",
-               "batch": "batch_size", "template_pair": "templates", "steps": "max_steps", "epochs": "max_epochs"}
+               "batch": "batch_size", "steps": "max_steps", "epochs": "max_epochs"}
+
+
+def elsewhere(cfg: DictConfig, leaf: str) -> str | None:
+    """`group.leaf` when exactly one top-level group has that key (`lr` lives in `optimizer`, not in `model`)."""
+    found = [f"{group}.{leaf}" for group in cfg if OmegaConf.is_dict(cfg[group]) and leaf in cfg[group]]
+    return found[0] if len(found) == 1 else None
 
 
 def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
@@ -108,7 +120,8 @@ def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
         names = [str(k) for k in siblings] if OmegaConf.is_dict(siblings) else []
         guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in names else None
         guess = guess or next(iter(difflib.get_close_matches(leaf, names, n=1, cutoff=0.75)), None)
-        hint = f"did you mean {'.'.join(filter(None, (parent, guess)))!r}? " if guess else ""
+        guess = '.'.join(filter(None, (parent, guess))) if guess else elsewhere(cfg, KEY_ALIASES.get(leaf, leaf))
+        hint = f"did you mean {guess!r}? " if guess else ""
     except Exception:  # the other overrides do not compose either: no suggestion
         pass
     return (f"{where}{key!r} is not a key of train.py's config; {hint}"
@@ -164,6 +177,15 @@ def objective(cfg: DictConfig) -> float | None:
     return best_dev_score(train(cfg))
 
 
+def apply_extras(cfg: DictConfig) -> None:
+    """configs/extras/: silence warnings, log the composed config."""
+    extras = cfg.get("extras") or {}
+    if extras.get("ignore_warnings"):
+        warnings.filterwarnings("ignore")
+    if extras.get("print_config"):
+        log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+
+
 def run(cfg: DictConfig) -> float | None:
     """train.py's task: an Optuna search when `hparams_search` is set, else one run (a trial when under -m).
     Returns the objective, the best STS-B dev [MASK] score (for Hydra's sweepers)."""
@@ -174,6 +196,7 @@ def run(cfg: DictConfig) -> float | None:
 
 def train(cfg: DictConfig) -> pl.Trainer:
     check_train_config(cfg)  # types, ranges, devices, paths, weights, data columns: before any model or data loads
+    apply_extras(cfg)
     resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
     checkpoint = resume_checkpoint(cfg.ckpt_path, bool(cfg.get("resume", False)),
                                    Path(cfg.paths.log_dir) / cfg.task_name)
@@ -191,7 +214,7 @@ def train(cfg: DictConfig) -> pl.Trainer:
     # _convert_="all": modules get plain lists/dicts, so checkpoints hold no OmegaConf objects and load with
     # torch.load(weights_only=True).
     datamodule = build(cfg.data)
-    module = build(cfg.module)
+    module = build_module(cfg)
     callbacks = [build(c) for c in cfg.callbacks.values() if c is not None]
     callbacks.append(RandomStateCallback())  # exact resume: dropout draws continue where the checkpoint left them
     for callback in callbacks:

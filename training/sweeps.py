@@ -100,7 +100,7 @@ def validate_sweep(spec: dict, where: str = "sweep") -> None:
     for key, entry in parameters.items():
         if not isinstance(entry, dict) or "parameters" in entry:
             raise ConfigError(f"{where}: parameter {key!r} must be a mapping with value/values/distribution "
-                              f"(nested parameters are not Hydra overrides: use dotted keys like module.lr)")
+                              f"(nested parameters are not Hydra overrides: use dotted keys like optimizer.lr)")
         _check_entry(key, entry, where)
         if key.startswith("+"):
             continue  # explicitly new key (Hydra append)

