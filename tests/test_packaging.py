@@ -84,7 +84,8 @@ def test_installed_package_is_self_contained(installed, tmp_path):
 def test_console_scripts_score_and_train_from_any_directory(installed, tiny_bert, real_data_root, tmp_path):
     env = clean_env(real_data_root)
     scored = run([str(installed / "promptemb-evaluate"), f"backbone.name_or_path={tiny_bert}", "tasks=[STSBenchmark]",
-                  "poolers=[mean]", "output_dir=scores", "progress=false", "backbone.device=cpu"], cwd=tmp_path, env=env)
+                  "poolers=[mean]", "output_dir=scores", "progress=false", "backbone.device=cpu"],
+                 cwd=tmp_path, env=env)
     assert scored.returncode == 0, scored.stderr[-3000:]
     results = json.loads((tmp_path / "scores" / "results.json").read_text())
     assert -100 <= results["scores"]["mean"]["STSBenchmark"] <= 100
