@@ -34,7 +34,8 @@ def optiprompt_run(tiny_bert, real_data_root, tmp_path_factory) -> Path:
         "experiment=quickstart_optiprompt", f"backbone.name_or_path={tiny_bert}", f"data_root={real_data_root}",
         f"output_dir={out}", "trainer.precision=32-true", "trainer.max_steps=4", "eval_every_n_steps=2",
         "optimizer.lr=0.05", "data.batch_size=4", "data.num_workers=0",
-        f"callbacks.sts_evaluation.final_tasks=[{TASK}]", "data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64", f"export_dir={out / 'export'}"]))
+        f"callbacks.sts_evaluation.final_tasks=[{TASK}]", "data.download=null",
+        f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64", f"export_dir={out / 'export'}"]))
     return out
 
 
