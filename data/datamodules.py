@@ -74,6 +74,7 @@ class _StringDataModule(pl.LightningDataModule):
         self.cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
         self.examples: list = []
         self.dropped_held_out = 0
+        self.truncated_sentences = 0  # counted on the pre-tokenized path
         self.pretokenize = pretokenize
         self.tokenize_processes = tokenize_processes
         self.pin_memory = pin_memory
@@ -144,6 +145,11 @@ class _StringDataModule(pl.LightningDataModule):
             table = pretokenized_corpus(self.examples, self.tokenization, self.cache_dir,
                                         self.tokenize_processes or os.cpu_count())
             self.dataset, self.collate = PretokenizedExamples(table), pad_sentence_ids
+            self.truncated_sentences = self.dataset.count_longer_than(self.tokenization.keep - 1)
+            if self.truncated_sentences:
+                log.info("training corpus: %s of %s sentences longer than %d tokens are truncated to that length "
+                         "(the recipe's max_sentence_tokens)", f"{self.truncated_sentences:,}",
+                         f"{len(self.dataset) * len(self.dataset.columns):,}", self.tokenization.keep - 1)
 
     def example_lengths(self) -> list[int]:
         """Length of each example for length grouping: its stored token count when pre-tokenized, else characters."""

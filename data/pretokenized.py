@@ -125,6 +125,13 @@ class PretokenizedExamples(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.table)
 
+    def count_longer_than(self, tokens: int) -> int:
+        """Sentences (over every column) stored with more than `tokens` ids."""
+        import pyarrow.compute as pc
+
+        return sum(int(pc.sum(pc.greater(pc.list_value_length(self.table.data.column(column)), tokens)).as_py() or 0)
+                   for column in self.columns)
+
     def __getitem__(self, index: int):
         return self.__getitems__([index])[0]
 

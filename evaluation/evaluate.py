@@ -3,6 +3,7 @@
     promptemb-evaluate 'poolers=[mean,mask]' template=promptbert_bert
     promptemb-evaluate backbone.name_or_path=RUN_DIR_OR_CKPT_OR_EXPORT    # a trained model, as training scored it
     promptemb-evaluate mode=encode backbone.name_or_path=DIR pooler=mean input=FILE.txt output=FILE.npy
+    promptemb-encode backbone.name_or_path=DIR pooler=mean input=FILE.txt output=FILE.npy    # the same (encode.yaml)
 """
 
 import sys
@@ -22,6 +23,18 @@ def compose_and_run(cfg: DictConfig) -> None:
     run(cfg)
 
 
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="encode")
+@exit_on_user_error
+def compose_and_encode(cfg: DictConfig) -> None:
+    run(cfg)
+
+
 def main() -> None:
     exit_on_user_error(check_command_line)("evaluate", sys.argv[1:])
     compose_and_run()
+
+
+def encode_main() -> None:
+    """`promptemb-encode`: evaluate.py's encode mode under its own name (configs/encode.yaml)."""
+    exit_on_user_error(check_command_line)("evaluate", sys.argv[1:])
+    compose_and_encode()

@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from common.cli import check_command_line, check_override_syntax, check_renamed_keys
 from common.errors import ConfigError
@@ -197,3 +198,13 @@ def test_optimizer_and_scheduler_configs_are_the_plain_adamw_and_warmup_schedule
         reference_schedule.step()
         assert schedule.get_last_lr() == reference_schedule.get_last_lr()
     assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), plain.parameters(), strict=True))
+
+
+def test_encode_config_is_eval_in_encode_mode():
+    evaluate, encode = compose_config("eval", []), compose_config("encode", [])
+    assert encode.mode == "encode" and evaluate.mode == "score"
+    evaluate.mode = "encode"
+    # everything but Hydra's own node (which names the primary config)
+    unresolved = [{key: value for key, value in OmegaConf.to_container(cfg, resolve=False).items() if key != "hydra"}
+                  for cfg in (encode, evaluate)]
+    assert unresolved[0] == unresolved[1]

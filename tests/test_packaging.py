@@ -15,6 +15,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO
@@ -76,7 +77,7 @@ def test_installed_package_is_self_contained(installed, tmp_path):
     assert module_file.startswith(site) and config_dir.startswith(site), "imported the checkout, not the install"
     assert (Path(config_dir) / "train.yaml").is_file() and (Path(config_dir) / "experiment").is_dir()
     assert version == "0.1.0"
-    for script in ("promptemb-train", "promptemb-evaluate", "promptemb-export"):
+    for script in ("promptemb-train", "promptemb-evaluate", "promptemb-export", "promptemb-encode"):
         assert (installed / script).is_file()
 
 
@@ -90,6 +91,13 @@ def test_console_scripts_score_and_train_from_any_directory(installed, tiny_bert
     results = json.loads((tmp_path / "scores" / "results.json").read_text())
     assert -100 <= results["scores"]["mean"]["STSBenchmark"] <= 100
     assert results["provenance"]["versions"]["promptemb"] == "0.1.0"
+
+    (tmp_path / "lines.txt").write_text("a first line\nand a second one\n")
+    encoded = run([str(installed / "promptemb-encode"), f"backbone.name_or_path={tiny_bert}", "pooler=mean",
+                   "input=lines.txt", "output=lines.npy", "progress=false", "backbone.device=cpu"],
+                  cwd=tmp_path, env=env)
+    assert encoded.returncode == 0, encoded.stderr[-3000:]
+    assert np.load(tmp_path / "lines.npy").shape == (2, 32)
 
     trained = run([str(installed / "promptemb-train"), "experiment=quickstart_unsup",
                    f"backbone.name_or_path={tiny_bert}", "debug=fdr", "trainer.accelerator=cpu",

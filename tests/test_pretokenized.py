@@ -82,6 +82,9 @@ def test_pretokenized_loader_gives_the_same_loss_as_raw_sentences(tiny_bert, tmp
             torch.manual_seed(1)
             losses.append(module.contrastive_loss(batch)[0])
         assert torch.equal(losses[0], losses[1])
+    # the recipe's sentence limit (6 tokens) is counted once over the corpus; the raw path does not tokenize ahead
+    longer = sum(len(ids) > 6 for ids in module.builders[0].tokenize_sentences(list(fed.examples)))
+    assert fed.truncated_sentences == longer > 0 and raw.truncated_sentences == 0
 
 
 def test_triplets_pretokenized_give_the_same_views(tiny_bert, tmp_path):
