@@ -38,7 +38,7 @@ evaluate: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n auto
+	$(BIN)/python -m pytest -n auto --durations=15
 
 test-slow: install
 	$(BIN)/python -m pytest -n auto -m slow

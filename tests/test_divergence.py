@@ -45,6 +45,7 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(
     assert status["status"] == "failed" and status["reason"].startswith("loss is nan at step 3")
 
 
+@pytest.mark.slow
 def test_non_finite_dev_score_stops_before_the_checkpoint(tiny_bert, real_data_root, tmp_path, monkeypatch):
     real = STSEvaluationCallback.score
 
@@ -99,6 +100,7 @@ def test_run_summary_names_the_best_step_and_warns_on_collapse(history, warned, 
     assert ("WARNING: the final dev score is below the untrained model's" in line) == warned
 
 
+@pytest.mark.slow
 def test_multirun_with_a_failing_middle_trial_runs_the_others_and_exits_non_zero(tiny_bert, real_data_root,
                                                                                  tmp_path):
     base = [o for o in overrides(tiny_bert, real_data_root, tmp_path) if not o.startswith("output_dir=")]

@@ -67,7 +67,8 @@ def uninterrupted(tiny_bert_dropout, real_data_root, tmp_path_factory) -> dict:
     return state
 
 
-@pytest.mark.parametrize("extra", [["data.pretokenize=false"], ["data.num_workers=2"]],
+@pytest.mark.parametrize("extra", [pytest.param(["data.pretokenize=false"], marks=pytest.mark.slow),
+                                   ["data.num_workers=2"]],
                          ids=["raw-no-workers", "pretokenized-2-workers"])
 def test_killed_run_resumes_exactly(extra, uninterrupted, tiny_bert_dropout, real_data_root, tmp_path):
     """9 steps over a 6-batch epoch: the kill at step 5 falls between the step-4 checkpoint and the epoch's end, the

@@ -153,7 +153,8 @@ def run_train(*overrides):
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("debug, steps", [("limit", 6), ("overfit", 40), ("profiler", 16)])
+@pytest.mark.parametrize("debug, steps", [("limit", 6), pytest.param("overfit", 40, marks=pytest.mark.slow),
+                                          pytest.param("profiler", 16, marks=pytest.mark.slow)])
 def test_the_other_debug_configs_train(debug, steps, tiny_bert, real_data_root, tmp_path, nli_csv):
     """debug=limit (3 epochs of 2 batches here: the tiny corpus has too few batches for 1%), overfit (the same 2
     batches for 20 epochs) and profiler (one epoch, at most 20 steps: the 16 batches of 64 examples) run end to end."""
