@@ -15,6 +15,7 @@ from tests.conftest import REPO
 from tests.helpers import MINILM
 
 
+@pytest.mark.slow
 def test_minilm_mean_matches_sentence_transformers_on_stsb(real_data_root):
     tasks = get_tasks(["STSBenchmark"])
     ours = evaluate_sts(Encoder(MINILM, max_length=256, progress=False), tasks, real_data_root,
