@@ -154,14 +154,7 @@ class _StringDataModule(pl.LightningDataModule):
     def example_lengths(self) -> list[int]:
         """Length of each example for length grouping: its stored token count when pre-tokenized, else characters."""
         if isinstance(self.dataset, PretokenizedExamples):
-            import pyarrow.compute as pc
-
-            table = self.dataset.table.data
-            total = None
-            for column in self.dataset.columns:
-                counts = pc.list_value_length(table.column(column))
-                total = counts if total is None else pc.add(total, counts)
-            return total.to_pylist()
+            return self.dataset.example_lengths()
         return [sum(len(s) for s in self.sentences_of(e)) for e in self.examples]
 
     def duplicate_keys(self) -> list[int]:

@@ -125,12 +125,27 @@ class PretokenizedExamples(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.table)
 
+    def sentence_lengths(self) -> list:
+        """Stored ids per sentence: one Arrow array per column (sentence slot of an example)."""
+        import pyarrow.compute as pc
+
+        return [pc.list_value_length(self.table.data.column(column)) for column in self.columns]
+
+    def example_lengths(self) -> list[int]:
+        """Stored ids per example, over all its sentences."""
+        import pyarrow.compute as pc
+
+        lengths = self.sentence_lengths()
+        total = lengths[0]
+        for other in lengths[1:]:
+            total = pc.add(total, other)
+        return total.to_pylist()
+
     def count_longer_than(self, tokens: int) -> int:
         """Sentences (over every column) stored with more than `tokens` ids."""
         import pyarrow.compute as pc
 
-        return sum(int(pc.sum(pc.greater(pc.list_value_length(self.table.data.column(column)), tokens)).as_py() or 0)
-                   for column in self.columns)
+        return sum(int(pc.sum(pc.greater(lengths, tokens)).as_py() or 0) for lengths in self.sentence_lengths())
 
     def __getitem__(self, index: int):
         return self.__getitems__([index])[0]
