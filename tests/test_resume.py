@@ -116,6 +116,7 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(uninterrupted, tiny_b
     assert_same_run(run_state(stopped), uninterrupted)
 
 
+@pytest.mark.slow
 def test_moved_run_folder_resumes_with_its_best_checkpoint(tiny_bert, real_data_root, tmp_path):
     first = tmp_path / "first"
     assert train_py(*overrides(tiny_bert, real_data_root, first, "trainer.max_steps=4")).returncode == 0
@@ -135,18 +136,26 @@ def test_moved_run_folder_resumes_with_its_best_checkpoint(tiny_bert, real_data_
     assert best.parent == (moved / "checkpoints").resolve() and best.is_file()
 
 
-def test_ckpt_path_last_resumes_the_newest_run_of_the_task(tiny_bert, real_data_root, tmp_path):
-    """No output_dir given: runs go to logs/<task>/runs/<timestamp>; `ckpt_path=last` continues the newest one in
-    its own folder; with nothing to resume it is a one-line error that leaves nothing behind."""
+def last_run_overrides(tiny_bert: Path, real_data_root: Path, tmp_path: Path) -> list[str]:
+    """No output_dir: runs go to logs/<task>/runs/<timestamp> under the working directory."""
     base = [o for o in overrides(tiny_bert, real_data_root, tmp_path) if not o.startswith("output_dir=")]
-    base.append("eval_every_n_steps=2")
-    proc = train_py(*base, "trainer.max_steps=2", "ckpt_path=last", cwd=tmp_path)
+    return [*base, "eval_every_n_steps=2", "trainer.max_steps=2"]
+
+
+def test_ckpt_path_last_with_nothing_to_resume_is_one_line_and_leaves_nothing(tiny_bert, real_data_root, tmp_path):
+    proc = train_py(*last_run_overrides(tiny_bert, real_data_root, tmp_path), "ckpt_path=last", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: nothing to resume: no run under logs/quickstart_unsup has checkpoints/last.ckpt; start a fresh run "
         "(drop ckpt_path/resume) or pass ckpt_path=PATH"]
     assert not (tmp_path / "logs").exists()
-    assert train_py(*base, "trainer.max_steps=2", cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.slow
+def test_ckpt_path_last_resumes_the_newest_run_of_the_task(tiny_bert, real_data_root, tmp_path):
+    """`resume=true` (= `ckpt_path=last`) continues the newest run of the task in its own folder."""
+    base = last_run_overrides(tiny_bert, real_data_root, tmp_path)
+    assert train_py(*base, cwd=tmp_path).returncode == 0
     (run,) = (tmp_path / "logs" / "quickstart_unsup" / "runs").iterdir()
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "train.log").is_file()  # Hydra's logs inside
     proc = train_py(*base, "trainer.max_steps=4", "resume=true", cwd=tmp_path)

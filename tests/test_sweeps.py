@@ -69,7 +69,8 @@ def test_local_sampler_respects_the_spec():
         validate_sweep({**load_sweep(SWEEPS[0]), "parameters": {"optimizer.lr": {"distribution": "beta"}}})
 
 
-@pytest.mark.parametrize("sweep", SWEEPS, ids=[p.stem for p in SWEEPS])
+@pytest.mark.parametrize("sweep", [pytest.param(p, marks=pytest.mark.slow) if p.stem != "promptbert_unsup" else p
+                                   for p in SWEEPS], ids=[p.stem for p in SWEEPS])
 def test_agent_command_of_a_sampled_configuration_trains(sweep, tiny_bert, real_data_root, tmp_path):
     spec = load_sweep(sweep)
     params = sample(spec, random.Random(7))

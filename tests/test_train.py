@@ -165,7 +165,8 @@ def test_the_other_debug_configs_train(debug, steps, tiny_bert, real_data_root, 
     assert train(cfg).global_step == steps
 
 
-@pytest.mark.parametrize("recipe", ["quickstart_unsup", "quickstart_sup", "quickstart_optiprompt"])
+@pytest.mark.parametrize("recipe", ["quickstart_unsup", pytest.param("quickstart_sup", marks=pytest.mark.slow),
+                                    pytest.param("quickstart_optiprompt", marks=pytest.mark.slow)])
 def test_debug_fdr_from_the_command_line(recipe, tiny_bert, real_data_root, tmp_path):
     """`python train.py experiment=... debug=fdr`: one batch, then the final scoring; Hydra's files and the printed
     config inside the run folder."""
