@@ -13,7 +13,15 @@ from sklearn.cluster import KMeans
 from common.errors import ConfigError, DataError
 from data.labeled import read_clustering
 from data.tasks import TASK_GROUPS, TaskSpec, get_tasks, load_registry
-from evaluation.clustering import ClusteringConfig, evaluate_clustering, hungarian_accuracy
+from evaluation.clustering import (
+    ClusteringConfig,
+    PlusPlusSeeder,
+    evaluate_clustering,
+    hungarian_accuracy,
+    kmeans_labels,
+    same_partition,
+    seeder_for,
+)
 
 
 def brute_force_accuracy(predicted: np.ndarray, gold: np.ndarray) -> float:
@@ -53,6 +61,29 @@ def test_evaluate_clustering_matches_plain_kmeans_loop():
     separated = np.repeat(np.eye(4) * 50, 5, axis=0)
     perfect = evaluate_clustering(separated, np.repeat([3, 0, 2, 1], 5), config)
     assert perfect["accuracy"] == 100.0 and perfect["nmi"] == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("k, n_init", [(2, 3), (7, 10), (25, 4)])
+def test_kmeans_labels_equal_scikit_learns_kmeans(k, n_init):
+    """Same seeds, same Lloyd runs, same best run: the labels equal `KMeans(...).fit_predict` for several random
+    states, with the distance-row cache shared across calls, and with no cache at all."""
+    rng = np.random.default_rng(k)
+    centres = rng.normal(size=(k, 12)) * 1.5
+    x = (centres[rng.integers(0, k, size=400)] + rng.normal(size=(400, 12))).astype(np.float32) + 3.0
+    shared = seeder_for(x)
+    for seed in range(4):
+        expected = KMeans(n_clusters=k, random_state=seed, n_init=n_init).fit_predict(x)
+        np.testing.assert_array_equal(kmeans_labels(x, k, seed, n_init, shared), expected)
+    uncached = PlusPlusSeeder(shared.x, cache_bytes=0)
+    np.testing.assert_array_equal(kmeans_labels(x, k, 1, n_init, uncached),
+                                  KMeans(n_clusters=k, random_state=1, n_init=n_init).fit_predict(x))
+    assert not uncached.rows and shared.rows
+
+
+def test_same_partition_is_equality_up_to_renaming():
+    assert same_partition(np.array([0, 0, 1, 2]), np.array([2, 2, 0, 1]))
+    assert not same_partition(np.array([0, 0, 1, 2]), np.array([2, 2, 0, 0]))
+    assert not same_partition(np.array([0, 1, 1]), np.array([0, 0, 1]))
 
 
 def test_clustering_bad_input():
