@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import textwrap
 from pathlib import Path
 
 from common.io import atomic_write
@@ -46,20 +47,22 @@ def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str,
 
     tasks = list(next(iter(scores.values())))
     labels = [TASK_ABBREVIATIONS.get(t, t) for t in tasks]
+    # constrained layout keeps the wrapped title and the legend below the axes inside the figure
     if len(scores) <= MAX_BAR_ROWS:
         width = 0.8 / len(scores)
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(tasks)), 4.0))
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(tasks)), 4.4), layout="constrained")
         for i, (pooler, row) in enumerate(scores.items()):
             xs = [t + (i - (len(scores) - 1) / 2) * width for t in range(len(tasks))]
             bars = ax.bar(xs, [row[task] for task in tasks], width, label=pooler)
-            ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
+            ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1, rotation=90 if len(scores) > 2 else 0)
         ax.set_xticks(range(len(tasks)), labels)
         ax.set_ylabel(axis_label)
-        ax.set_ylim(min(0.0, *(v for row in scores.values() for v in row.values())), 100)
-        ax.legend(fontsize=8, ncol=len(scores), loc="upper left")
+        ax.set_ylim(min(0.0, *(v for row in scores.values() for v in row.values())), 110)
+        ax.set_yticks(range(0, 101, 20))
+        ax.legend(fontsize=8, ncol=len(scores), loc="upper center", bbox_to_anchor=(0.5, -0.08), frameon=False)
     else:
         values = [[row[task] for task in tasks] for row in scores.values()]
-        fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(tasks), 1.2 + 0.32 * len(scores)))
+        fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(tasks), 1.2 + 0.32 * len(scores)), layout="constrained")
         image = ax.imshow(values, cmap="viridis", aspect="auto")
         for r, row in enumerate(values):
             for c, value in enumerate(row):
@@ -69,8 +72,8 @@ def plot_scores(scores: dict[str, dict[str, float]], path: Path, title: str,
         ax.set_yticks(range(len(scores)), list(scores), fontsize=8)
         ax.xaxis.tick_top()
         fig.colorbar(image, ax=ax, label=axis_label, fraction=0.04)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
+    characters_per_line = int(fig.get_figwidth() * 13)
+    ax.set_title("\n".join(textwrap.wrap(title, characters_per_line, break_on_hyphens=False)), fontsize=9)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)
     return path
