@@ -1,1 +1,1 @@
-"""LightningModules for PromptBERT (unsupervised / supervised) and OptiPrompt training (issue #3)."""
+"""LightningModules for PromptBERT (unsupervised / supervised) and OptiPrompt training."""

@@ -1,4 +1,4 @@
-"""Export (HF + sentence-transformers directory), the Python encode API and the MTEB wrapper (issue #5 items 3-4).
+"""Export (HF + sentence-transformers directory), the Python encode API and the MTEB wrapper.
 
 Fast tests use tiny random BERTs: checkpoints come from 2-step train.py runs of the three quickstart experiments.
 `exporting/st_module.py` re-implements templating and pooling standalone; the agreement tests here keep it in sync
