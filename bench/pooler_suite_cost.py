@@ -28,6 +28,7 @@ from data.root import resolve_data_root
 from data.tasks import STS_SUITE, get_tasks
 from encoder.model import Encoder, combine_needs
 from encoder.template import Template
+from evaluation.options import ScoringOptions
 from evaluation.sts import evaluate_sts
 from poolers import POOLER_NAMES, build_poolers
 
@@ -40,7 +41,7 @@ def timed_suite(model: str, names: list[str], pooler_args: dict, tasks, root: Pa
     needs = combine_needs(poolers)
     encoder = Encoder(model, attentions=needs.attentions, progress=False)
     wall, cpu = time.perf_counter(), time.process_time()
-    evaluate_sts(encoder, tasks, root, poolers, Template(PROMPT))
+    evaluate_sts(encoder, tasks, root, poolers, ScoringOptions(Template(PROMPT)))
     return time.perf_counter() - wall, time.process_time() - cpu, encoder.stats.forward_sequences
 
 

@@ -26,6 +26,7 @@ from data.root import resolve_data_root
 from data.tasks import get_tasks
 from encoder.model import Encoder
 from encoder.template import Template
+from evaluation.options import ScoringOptions
 from evaluation.suite import evaluate_tasks
 from poolers import build_poolers
 
@@ -45,8 +46,8 @@ def main() -> None:
     poolers = build_poolers([args.pooler])
     encoder = Encoder(args.model, batch_size=args.batch_size, progress=False)
     started, cpu = time.perf_counter(), time.process_time()
-    result = evaluate_tasks(encoder, get_tasks(args.tasks), resolve_data_root(None), poolers,
-                            Template(args.template) if args.template else None)
+    options = ScoringOptions(Template(args.template) if args.template else None)
+    result = evaluate_tasks(encoder, get_tasks(args.tasks), resolve_data_root(None), poolers, options)
     total = {"wall_s": round(time.perf_counter() - started, 1), "cpu_s": round(time.process_time() - cpu, 1)}
     report = {"model": args.model, "pooler": args.pooler, "template": args.template, "threads": torch.get_num_threads(),
               "total": total, "families": {}}

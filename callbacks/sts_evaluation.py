@@ -34,6 +34,7 @@ from encoder.model import Encoder, Shard, attention_implementation, combine_need
 from evaluation.analysis import analyse_task
 from evaluation.clustering import ClusteringConfig
 from evaluation.corpora import TARGET, Corpora
+from evaluation.options import ScoringOptions
 from evaluation.plots import plot_curve
 from evaluation.report import attach_scoring_details, plot_name, scoring_provenance, write_report
 from evaluation.runner import protocol_config
@@ -148,11 +149,10 @@ class STSEvaluationCallback(pl.Callback):
             if final:
                 scorer = evaluate_tasks
                 protocols = {"transfer_config": self.transfer_config, "clustering_config": self.clustering_config}
-            result = scorer(
-                encoder, get_tasks(tasks, corpora.registry), corpora.root, poolers, module.eval_template,
-                module.hparams.sentence_rule, posts=self.posts if final else (), fit_corpus=self.fit_corpus,
-                corpora=corpora, analyse=analyse_task if final and self.analysis else None, **protocols,
-            )
+            options = ScoringOptions(module.eval_template, module.hparams.sentence_rule,
+                                     posts=self.posts if final else (), fit_corpus=self.fit_corpus, corpora=corpora)
+            result = scorer(encoder, get_tasks(tasks, corpora.registry), corpora.root, poolers, options,
+                            analyse=analyse_task if final and self.analysis else None, **protocols)
         return result, encoder, poolers
 
     def on_fit_start(self, trainer, module) -> None:

@@ -19,15 +19,12 @@ import numpy as np
 from data.labeled import LabeledSplit
 from data.tasks import TaskSpec
 from encoder.model import Encoder
-from encoder.template import Template
 from evaluation.clustering import ClusteringConfig, evaluate_clustering
-from evaluation.corpora import TARGET, Corpora
-from evaluation.fitting import plan_poolers
-from evaluation.sts import SentenceIndex, check_scoring
+from evaluation.options import DEFAULT_OPTIONS, ScoringOptions
+from evaluation.sts import SentenceIndex, check_scoring, encode_plans
 from evaluation.transfer import ClassifierConfig, TransferData, evaluate_transfer
-from evaluation.variants import PooledEmbeddings, score_variants, task_rows
+from evaluation.variants import score_variants
 from poolers.base import Pooler
-from postprocessing.base import PostProcessor
 
 
 @dataclass
@@ -77,12 +74,7 @@ def evaluate_labeled(
     tasks: Sequence[TaskSpec],
     root: Path,
     poolers: Sequence[Pooler],
-    template: Template | None = None,
-    sentence_rule: str = "none",
-    max_sentence_tokens: int | None = None,
-    posts: Sequence[PostProcessor] = (),
-    fit_corpus: str = TARGET,
-    corpora: Corpora | None = None,
+    options: ScoringOptions = DEFAULT_OPTIONS,
     transfer_config: ClassifierConfig | None = None,
     clustering_config: ClusteringConfig | None = None,
 ) -> dict:
@@ -91,35 +83,26 @@ def evaluate_labeled(
     "poolers", "fit_corpora", "tasks", "unique_sentences"}, plus "timing": wall and process-CPU seconds of encoding
     and of classifier / k-means scoring."""
     transfer_config, clustering_config = transfer_config or ClassifierConfig(), clustering_config or ClusteringConfig()
-    corpora = corpora or Corpora(root, {spec.name: spec for spec in tasks})
-    check_scoring(encoder, poolers, template, bool(posts), fit_corpus, corpora)
+    corpora = options.corpora_for(root, tasks)
+    check_scoring(encoder, poolers, options.template, bool(options.posts), options.fit_corpus, corpora)
     # read and verify every task before any encoding, so bad data fails fast
     loaded_splits = [(spec, spec.load_labeled(root)) for spec in tasks]
     groups: dict[int | None, list] = {}
     for spec, splits in loaded_splits:
-        groups.setdefault(effective_truncation(spec, max_sentence_tokens), []).append((spec, splits))
+        groups.setdefault(effective_truncation(spec, options.max_sentence_tokens), []).append((spec, splits))
     merged: dict = {"details": {}, "post_processing": {}, "poolers": {}, "tasks": {}}
     unique, encode_s, score_s, encode_cpu, score_cpu = 0, 0.0, 0.0, 0.0, 0.0
     for truncation, members in groups.items():
         index = SentenceIndex()
         loaded = [LabeledTask.indexed(spec, splits, index) for spec, splits in members]
-        reference_rows = None
-        if posts and fit_corpus != TARGET:
-            reference_rows = np.unique(index.add(corpora.sentences(fit_corpus)))
-        plans = plan_poolers(poolers, loaded, lambda task, index=index: [index.sentences[i] for i in task_rows(task)],
-                             fit_corpus, corpora, encoder.tokenizer)
-        instances = [instance for plan in plans for instance in plan.instances]
         started, cpu = time.perf_counter(), time.process_time()
-        embeddings = encoder.embed(index.sentences, instances, template, sentence_rule, truncation)
+        plans, pooled, reference_rows = encode_plans(encoder, index, loaded, poolers, options, corpora, truncation)
         encode_s, encode_cpu = encode_s + time.perf_counter() - started, encode_cpu + time.process_time() - cpu
-        pooled = [PooledEmbeddings(plan.label, shared=None if plan.per_task else embeddings[plan.pooler.name],
-                                   per_task={task: embeddings[p.name] for task, p in plan.per_task.items()})
-                  for plan in plans]
         started, cpu = time.perf_counter(), time.process_time()
         result = score_variants(
             loaded, pooled,
             lambda task, emb: score_labeled_task(task, emb, transfer_config, clustering_config),
-            posts, fit_corpus, reference_rows, main_key="accuracy")
+            options.posts, options.fit_corpus, reference_rows, main_key="accuracy")
         score_s, score_cpu = score_s + time.perf_counter() - started, score_cpu + time.process_time() - cpu
         for label, per_task in result["details"].items():
             merged["details"].setdefault(label, {}).update(per_task)

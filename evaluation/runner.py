@@ -22,6 +22,7 @@ from encoder.template import SENTENCE_RULES, Template
 from evaluation.analysis import analyse_task
 from evaluation.clustering import ClusteringConfig
 from evaluation.corpora import TARGET, Corpora
+from evaluation.options import ScoringOptions
 from evaluation.report import (
     attach_scoring_details,
     markdown_table,
@@ -129,8 +130,9 @@ def score(cfg: DictConfig) -> dict:
     started, versions = time.perf_counter(), software_versions()
     scoring = open_scoring(cfg, poolers)
     encoder = scoring.encoder
-    result = evaluate_tasks(encoder, tasks, root, scoring.poolers, scoring.template, scoring.sentence_rule,
-                            scoring.max_sentence_tokens, posts=posts, fit_corpus=str(cfg.fit_corpus), corpora=corpora,
+    options = ScoringOptions(scoring.template, scoring.sentence_rule, scoring.max_sentence_tokens, posts,
+                             str(cfg.fit_corpus), corpora)
+    result = evaluate_tasks(encoder, tasks, root, scoring.poolers, options,
                             analyse=analyse_task if cfg.analysis else None, transfer_config=transfer_config,
                             clustering_config=clustering_config)
     prov = attach_scoring_details(provenance(cfg, scoring, int(cfg.seed), versions), result,

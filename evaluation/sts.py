@@ -21,9 +21,9 @@ from encoder.model import Encoder, Truncation
 from encoder.template import Template
 from evaluation.corpora import TARGET, Corpora
 from evaluation.fitting import load_fit_corpora, plan_poolers
+from evaluation.options import DEFAULT_OPTIONS, ScoringOptions
 from evaluation.variants import PooledEmbeddings, score_variants, task_rows
 from poolers.base import Pooler
-from postprocessing.base import PostProcessor
 
 log = logging.getLogger(__name__)
 #: truncation counts already reported in this process (the training callback scores STS-B dev again and again)
@@ -117,17 +117,31 @@ def check_scoring(encoder: Encoder, poolers: Sequence[Pooler], template: Templat
     load_fit_corpora(poolers, has_posts, fit_corpus, corpora)
 
 
+def encode_plans(encoder: Encoder, index: SentenceIndex, loaded: Sequence, poolers: Sequence[Pooler],
+                 options: ScoringOptions, corpora: Corpora, max_sentence_tokens: int | None
+                 ) -> tuple[list, list[PooledEmbeddings], np.ndarray | None]:
+    """One pass over the indexed sentences (plus the fit corpus's, when post-processors are fitted on one): the
+    pooler plans (idf fitted per task on "T"), their embeddings, and the fit corpus's rows in the index."""
+    reference_rows = None
+    if options.posts and options.fit_corpus != TARGET:
+        reference_rows = np.unique(index.add(corpora.sentences(options.fit_corpus)))
+    plans = plan_poolers(poolers, loaded, lambda task: [index.sentences[i] for i in task_rows(task)],
+                         options.fit_corpus, corpora, encoder.tokenizer)
+    instances = [instance for plan in plans for instance in plan.instances]
+    embeddings = encoder.embed(index.sentences, instances, options.template, options.sentence_rule,
+                               max_sentence_tokens)
+    pooled = [PooledEmbeddings(plan.label, shared=None if plan.per_task else embeddings[plan.pooler.name],
+                               per_task={task: embeddings[p.name] for task, p in plan.per_task.items()})
+              for plan in plans]
+    return plans, pooled, reference_rows
+
+
 def evaluate_sts(
     encoder: Encoder,
     tasks: Sequence[TaskSpec],
     root: Path,
     poolers: Sequence[Pooler],
-    template: Template | None = None,
-    sentence_rule: str = "none",
-    max_sentence_tokens: int | None = None,
-    posts: Sequence[PostProcessor] = (),
-    fit_corpus: str = TARGET,
-    corpora: Corpora | None = None,
+    options: ScoringOptions = DEFAULT_OPTIONS,
     analyse: Callable | None = None,
 ) -> dict:
     """Score every pooler (raw and with each post-processor) on every task with one forward pass per
@@ -137,24 +151,14 @@ def evaluate_sts(
     sentence index and are encoded in the same pass. Returns {"scores": {label: {task: x100, "avg": mean}},
     "details", "post_processing", "analysis", "poolers" (provenance per label), "tasks", "unique_sentences"}.
     """
-    corpora = corpora or Corpora(root, {spec.name: spec for spec in tasks})
-    check_scoring(encoder, poolers, template, bool(posts), fit_corpus, corpora)
+    corpora = options.corpora_for(root, tasks)
+    check_scoring(encoder, poolers, options.template, bool(options.posts), options.fit_corpus, corpora)
     index = SentenceIndex()
     loaded = load_and_index(tasks, root, index)
-    reference_rows = None
-    if posts and fit_corpus != TARGET:
-        reference_rows = np.unique(index.add(corpora.sentences(fit_corpus)))
-    plans = plan_poolers(poolers, loaded, lambda task: [index.sentences[i] for i in task_rows(task)], fit_corpus,
-                         corpora, encoder.tokenizer)
-    instances = [instance for plan in plans for instance in plan.instances]
-    embeddings = encoder.embed(index.sentences, instances, template, sentence_rule, max_sentence_tokens)
+    plans, pooled, reference_rows = encode_plans(encoder, index, loaded, poolers, options, corpora,
+                                                 options.max_sentence_tokens)
     truncated = report_truncation(loaded, encoder.truncation)
-    pooled = [
-        PooledEmbeddings(plan.label, shared=None if plan.per_task else embeddings[plan.pooler.name],
-                         per_task={task: embeddings[p.name] for task, p in plan.per_task.items()})
-        for plan in plans
-    ]
-    result = score_variants(loaded, pooled, score_task, posts, fit_corpus, reference_rows, analyse)
+    result = score_variants(loaded, pooled, score_task, options.posts, options.fit_corpus, reference_rows, analyse)
     result["poolers"] = {plan.label: plan.describe() for plan in plans}
     result["fit_corpora"] = corpora.sources
     result["tasks"] = {

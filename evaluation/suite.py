@@ -13,14 +13,12 @@ from pathlib import Path
 
 from data.tasks import FAMILIES, TaskSpec
 from encoder.model import Encoder
-from encoder.template import Template
 from evaluation.clustering import ClusteringConfig
-from evaluation.corpora import TARGET, Corpora
 from evaluation.labeled import evaluate_labeled
+from evaluation.options import DEFAULT_OPTIONS, ScoringOptions
 from evaluation.sts import evaluate_sts
 from evaluation.transfer import ClassifierConfig
 from poolers.base import Pooler
-from postprocessing.base import PostProcessor
 
 STS_PROTOCOL = {"metric": "cosine similarity, Spearman x100, SentEval 'all' setting"}
 
@@ -30,12 +28,7 @@ def evaluate_tasks(
     tasks: Sequence[TaskSpec],
     root: Path,
     poolers: Sequence[Pooler],
-    template: Template | None = None,
-    sentence_rule: str = "none",
-    max_sentence_tokens: int | None = None,
-    posts: Sequence[PostProcessor] = (),
-    fit_corpus: str = TARGET,
-    corpora: Corpora | None = None,
+    options: ScoringOptions = DEFAULT_OPTIONS,
     analyse: Callable | None = None,
     transfer_config: ClassifierConfig | None = None,
     clustering_config: ClusteringConfig | None = None,
@@ -48,16 +41,14 @@ def evaluate_tasks(
             spec.load(root) if family == "sts" else spec.load_labeled(root)
     results: dict[str, dict] = {}
     for family, specs in by_family.items():
-        common = dict(template=template, sentence_rule=sentence_rule, max_sentence_tokens=max_sentence_tokens,
-                      posts=posts, fit_corpus=fit_corpus, corpora=corpora)
         if family == "sts":
             started = time.perf_counter()
-            result = evaluate_sts(encoder, specs, root, poolers, analyse=analyse, **common)
+            result = evaluate_sts(encoder, specs, root, poolers, options, analyse=analyse)
             result["timing"] = {"total_s": round(time.perf_counter() - started, 2)}
             result["protocol"] = STS_PROTOCOL
         else:
-            result = evaluate_labeled(encoder, specs, root, poolers, transfer_config=transfer_config,
-                                      clustering_config=clustering_config, **common)
+            result = evaluate_labeled(encoder, specs, root, poolers, options, transfer_config=transfer_config,
+                                      clustering_config=clustering_config)
         results[family] = result
     first = next(iter(results.values()))
     merged = {

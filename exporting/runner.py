@@ -12,6 +12,7 @@ from pathlib import Path
 from common.errors import ConfigError, DataError
 from common.io import umask_mode
 from common.optional import require
+from evaluation.options import ScoringOptions
 from exporting.hf_export import write_hf_directory
 from exporting.model_card import model_card
 from exporting.st_export import write_sentence_transformers_files
@@ -63,8 +64,8 @@ def score_encoder(encoder: PromptEncoder, tasks: list[str], data_root: str | Non
     from data.tasks import get_tasks
     from evaluation.sts import evaluate_sts
 
-    result = evaluate_sts(encoder.encoder, get_tasks(tasks), resolve_data_root(data_root), [encoder.pooler],
-                          encoder.template, encoder.sentence_rule, encoder.max_sentence_tokens)
+    options = ScoringOptions(encoder.template, encoder.sentence_rule, encoder.max_sentence_tokens)
+    result = evaluate_sts(encoder.encoder, get_tasks(tasks), resolve_data_root(data_root), [encoder.pooler], options)
     return result["scores"]
 
 

@@ -19,6 +19,7 @@ from data.tasks import TASK_GROUPS as SUITES
 from encoder.model import Encoder
 from encoder.template import Template
 from evaluation.corpora import TARGET, Corpora
+from evaluation.options import ScoringOptions
 from evaluation.report import FAMILY_REPORT
 from evaluation.suite import evaluate_tasks
 from poolers.base import Pooler
@@ -48,8 +49,8 @@ class TaskGroup:
 
     def score(self, encoder: Encoder, poolers: Sequence[Pooler], template: Template | None = None,
               sentence_rule: str = "none", posts: Sequence[PostProcessor] = (), fit_corpus: str = TARGET) -> dict:
-        return evaluate_tasks(encoder, self.tasks, self.root, poolers, template, sentence_rule, posts=posts,
-                              fit_corpus=fit_corpus, corpora=self.corpora)
+        options = ScoringOptions(template, sentence_rule, posts=posts, fit_corpus=fit_corpus, corpora=self.corpora)
+        return evaluate_tasks(encoder, self.tasks, self.root, poolers, options)
 
 
 StsTaskGroup = TaskGroup  # the STS group is the default family

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.io import atomic_write_json, atomic_write_text
 from data.root import resolve_data_root
 from data.tasks import get_tasks
+from evaluation.options import ScoringOptions
 from evaluation.report import software_versions
 from evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
 from exporting.runner import export_checkpoint
@@ -55,7 +56,8 @@ def main() -> None:
     embeddings["framework"] = encoder.embed(index.sentences, [pooler], module.eval_template,
                                             module.hparams.sentence_rule)[pooler.name]
     timings["framework"] = time.perf_counter() - started
-    official = evaluate_sts(encoder, [task], root, [pooler], module.eval_template, module.hparams.sentence_rule)
+    official = evaluate_sts(encoder, [task], root, [pooler],
+                            ScoringOptions(module.eval_template, module.hparams.sentence_rule))
     scores["framework (evaluate_sts)"] = official["scores"][pooler.name]["STSBenchmark"]
 
     started = time.perf_counter()

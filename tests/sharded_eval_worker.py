@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from data.tasks import get_tasks
 from encoder.model import Encoder, Shard
 from encoder.template import Template
+from evaluation.options import ScoringOptions
 from evaluation.sts import evaluate_sts
 from poolers import build_poolers
 
@@ -30,7 +31,7 @@ def main(rank: int, world: int, port: int, model: str, data_root: str, out: str)
     embeddings = encoder.embed(SENTENCES, poolers, template)
     forwards = encoder.stats.forward_batches
     encoder.batch_size = 64
-    result = evaluate_sts(encoder, get_tasks(["STSBenchmark-dev"]), Path(data_root), poolers, template)
+    result = evaluate_sts(encoder, get_tasks(["STSBenchmark-dev"]), Path(data_root), poolers, ScoringOptions(template))
     if world > 1:
         dist.destroy_process_group()
     torch.save({"embeddings": embeddings, "scores": result["scores"], "forwards": forwards}, f"{out}.{rank}")

@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from common.errors import ConfigError, DataError
 from data.tasks import get_tasks
 from encoder.template import Template
+from evaluation.options import ScoringOptions
 from evaluation.sts import evaluate_sts
 from exporting.hf_export import write_hf_directory
 from exporting.runner import export_checkpoint
@@ -233,9 +234,9 @@ def test_export_avg_pooler_and_scoring(checkpoints, real_data_root, tmp_path):
     assert record["pooler"] == {"name": "avg", "layer": -1, "layers": [-1], "denoise": False, "head": None}
     card = (out / "README.md").read_text()
     module.eval()  # the training callback's scoring path, independent of the exported encoder
+    options = ScoringOptions(module.eval_template, module.hparams.sentence_rule)
     scored = evaluate_sts(module.evaluation_encoder(), get_tasks(["STSBenchmark"]), real_data_root,
-                          [module.eval_poolers()[1]], module.eval_template,
-                          module.hparams.sentence_rule)["scores"]["avg"]["STSBenchmark"]
+                          [module.eval_poolers()[1]], options)["scores"]["avg"]["STSBenchmark"]
     assert f"| avg | {scored:.2f} |" in card and "export.py score=true with the exported pooler" in card
 
 

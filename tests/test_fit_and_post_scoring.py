@@ -7,6 +7,7 @@ from common.errors import ConfigError, DataError
 from data.tasks import get_tasks, load_registry
 from encoder.model import Encoder
 from evaluation.corpora import Corpora
+from evaluation.options import ScoringOptions
 from evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
 from poolers import build_poolers
 from postprocessing import build_post, build_posts
@@ -29,7 +30,7 @@ def test_post_on_target_task_equals_hand_computation(mini_data, encoder):
     root, registry, tasks = setup(mini_data)
     before = encoder.stats.forward_sequences
     result = evaluate_sts(encoder, tasks, root, build_poolers(["mean", "idf", "ditto"], {"ditto": {"head": 1}}),
-                          posts=build_posts(["quantile_u", "whiten"]), corpora=Corpora(root, registry))
+                          ScoringOptions(posts=build_posts(["quantile_u", "whiten"]), corpora=Corpora(root, registry)))
     assert list(result["scores"]) == ["mean", "mean+quantile_u(T)", "mean+whiten(T)", "idf(T)",
                                       "idf(T)+quantile_u(T)", "idf(T)+whiten(T)", "ditto", "ditto+quantile_u(T)",
                                       "ditto+whiten(T)"]
@@ -60,8 +61,8 @@ def test_reference_corpus_is_encoded_in_the_same_pass(mini_data, encoder, tmp_pa
     corpus.write_text("a cat sits on the mat .\nthe weather is nice today .\nstocks fell sharply on monday .\n")
     before = encoder.stats.forward_sequences
     label = f"file:{corpus}"
-    result = evaluate_sts(encoder, tasks, root, build_poolers(["mean", "idf"]), posts=build_posts(["zscore"]),
-                          fit_corpus=label, corpora=Corpora(root, registry))
+    options = ScoringOptions(posts=build_posts(["zscore"]), fit_corpus=label, corpora=Corpora(root, registry))
+    result = evaluate_sts(encoder, tasks, root, build_poolers(["mean", "idf"]), options)
     assert f"mean+zscore({label})" in result["scores"] and f"idf({label})+zscore({label})" in result["scores"]
     # the corpus sentence also in MINI12 is encoded once: the index is shared
     assert encoder.stats.forward_sequences - before == result["unique_sentences"]
@@ -73,13 +74,13 @@ def test_fit_corpus_errors(mini_data, encoder):
     root, registry, tasks = setup(mini_data)
     corpora = Corpora(root, registry)
     with pytest.raises(DataError, match=r"fit corpus 'W': file .*wiki1m_for_simcse.* does not exist"):
-        evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), posts=build_posts(["zscore"]), fit_corpus="W",
-                     corpora=corpora)
+        evaluate_sts(encoder, tasks, root, build_poolers(["mean"]),
+                     ScoringOptions(posts=build_posts(["zscore"]), fit_corpus="W", corpora=corpora))
     with pytest.raises(ConfigError, match="unknown fit corpus 'wiki'; valid: T, W, stsb_train, file:PATH"):
-        evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), fit_corpus="wiki", corpora=corpora)
+        evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), ScoringOptions(fit_corpus="wiki", corpora=corpora))
     with pytest.raises(ConfigError, match="'stsb_train' needs task STSBenchmark-train"):
         evaluate_sts(encoder, tasks, root, build_poolers(["idf"], {"idf": {"corpus": "stsb_train"}}),
-                     corpora=corpora)
+                     ScoringOptions(corpora=corpora))
 
 
 def test_stsb_train_corpus_on_real_data(real_data_root):

@@ -13,6 +13,7 @@ from data.readers import read_sick, read_sts_subset, read_stsb
 from data.root import resolve_data_root
 from data.tasks import STS_SUITE, get_tasks, load_registry
 from encoder.model import Encoder
+from evaluation.options import ScoringOptions
 from evaluation.sts import SentenceIndex, evaluate_sts, spearman_x100
 from poolers import build_poolers
 from tests.helpers import STS_A, STS_B
@@ -106,7 +107,7 @@ def test_truncated_sentences_are_counted_and_reported_once_per_task(mini_data, t
     encoder = Encoder(str(tiny_bert), progress=False)
     limit = 5
     caplog.set_level(logging.WARNING, logger="evaluation.sts")
-    result = evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), max_sentence_tokens=limit)
+    result = evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), ScoringOptions(max_sentence_tokens=limit))
     for spec in tasks:
         pairs = spec.load(root)
         unique = set(pairs.sentences1 + pairs.sentences2)
@@ -117,7 +118,7 @@ def test_truncated_sentences_are_counted_and_reported_once_per_task(mini_data, t
         message = f"{spec.name}: {longer} of {len(unique)} sentences longer than {limit} tokens were truncated"
         assert sum(message in record.getMessage() for record in caplog.records) == 1
     caplog.clear()
-    evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), max_sentence_tokens=limit)
+    evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), ScoringOptions(max_sentence_tokens=limit))
     assert not [record for record in caplog.records if "truncated" in record.getMessage()]  # once per task
 
 

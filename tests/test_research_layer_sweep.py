@@ -9,6 +9,7 @@ from data.tasks import get_tasks, load_registry
 from encoder.model import Encoder
 from encoder.template import Template
 from evaluation.corpora import Corpora
+from evaluation.options import ScoringOptions
 from evaluation.sts import evaluate_sts
 from poolers import build_pooler
 from research import layer_sweep
@@ -54,7 +55,7 @@ def test_sweep_equals_each_pooler_alone_from_one_forward_per_form(tiny_bert, gro
                           ("mean[1+2+3]", build_pooler("mean", layers=[1, 2, -1])),
                           ("mask[2]", build_pooler("mask", layer=2)),
                           ("avg_idf[0+2](T)", build_pooler("avg_idf", layers=[0, 2]))]:
-        alone = evaluate_sts(encoder, group.tasks, group.root, [pooler], Template(PROMPT))["scores"]
+        alone = evaluate_sts(encoder, group.tasks, group.root, [pooler], ScoringOptions(Template(PROMPT)))["scores"]
         assert rows[label]["scores"] == pytest.approx(next(iter(alone.values())), abs=1e-9)
     written = layer_sweep.write_sweep(sweep, tmp_path, encoder, group, "tiny", {"template": PROMPT})
     assert {path.name for path in written} >= {"layer_sweep.json", "layer_sweep.md", "layer_sweep_curve.png",

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from data.tasks import get_tasks, load_registry
 from encoder.model import Encoder
 from encoder.template import Template
+from evaluation.options import ScoringOptions
 from evaluation.sts import evaluate_sts
 from poolers import build_pooler
 from research import template_search
@@ -55,7 +56,7 @@ def test_search_on_tiny_bert_registers_a_usable_winner(tiny_bert, mini_data, tmp
     encoder = Encoder(str(tiny_bert), progress=False)
     tasks = get_tasks(["MINI-B", "MINI12"], load_registry(registry))
     for entry in ranking:
-        alone = evaluate_sts(encoder, tasks, root, [build_pooler("mask")], Template(entry["template"]))
+        alone = evaluate_sts(encoder, tasks, root, [build_pooler("mask")], ScoringOptions(Template(entry["template"])))
         assert entry["score"] == pytest.approx(alone["scores"]["mask"]["avg"], abs=1e-9)
         assert entry["pearson"] == pytest.approx(alone["pearson"]["mask"]["avg"], abs=1e-9)
     assert record["best"]["template"] == ranking[0]["template"]

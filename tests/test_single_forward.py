@@ -5,6 +5,7 @@ from collections import Counter
 from data.tasks import get_tasks, load_registry
 from encoder.model import Encoder
 from encoder.template import Template
+from evaluation.options import ScoringOptions
 from evaluation.sts import evaluate_sts
 from poolers import build_poolers
 
@@ -24,7 +25,7 @@ def test_encoder_runs_once_per_sentence_and_form(mini_data, tiny_bert):
     handle = encoder.transformer.register_forward_pre_hook(record, with_kwargs=True)
     try:
         poolers = build_poolers(["cls", "mean", "first_last", "static", "mask", "avg"])
-        evaluate_sts(encoder, tasks, root, poolers, Template(PROMPT))
+        evaluate_sts(encoder, tasks, root, poolers, ScoringOptions(Template(PROMPT)))
     finally:
         handle.remove()
     unique = {s for t in tasks for p in [t.load(root)] for s in p.sentences1 + p.sentences2}
