@@ -95,7 +95,7 @@ def test_recipe_defaults_and_precedence():
     unsup, sup, opti = (compose_config("train", [f"model={name}"]) for name in RECIPES)
     assert list(unsup.model.templates) == ['This sentence of "[X]" means [MASK] .',
                                            'This sentence : "[X]" means [MASK] .']
-    assert list(sup.model.templates) == ['This sentence : "[X]" means [MASK] .']
+    assert list(sup.model.templates) == ['This sentence of "[X]" means [MASK] .']  # the reference's sup-bert
     assert opti.model.template == 'This sentence : "[X]" means [MASK] .'
     assert (unsup.optimizer.lr, sup.optimizer.lr, opti.optimizer.lr) == (1e-5, 5e-5, 3e-5)
     assert unsup.model.model_name_or_path == "bert-base-uncased"

@@ -78,11 +78,6 @@ def test_published_recipes_keep_their_hyperparameters():
     assert unsup.model.model_name_or_path == "bert-base-uncased" and unsup.model.temperature == 0.05
     assert (sup.optimizer.lr, sup.data.batch_size, sup.trainer.max_epochs) == (5e-5, 512, 3)
     assert (opti.optimizer.lr, opti.data.batch_size, opti.trainer.max_epochs) == (3e-5, 256, 5)
-    # the reference run script's templates: sup-bert trains with "of", OptiPrompt with ":", unsup-bert with both
-    assert list(sup.model.templates) == ['This sentence of "[X]" means [MASK] .']
-    assert opti.model.template == 'This sentence : "[X]" means [MASK] .'
-    assert list(unsup.model.templates) == ['This sentence of "[X]" means [MASK] .',
-                                           'This sentence : "[X]" means [MASK] .']
     unsup_r, sup_r, opti_r = (compose_train([f"experiment={n}_roberta"]) for n in ("promptbert_unsup",
                                                                                  "promptbert_sup", "optiprompt"))
     assert (unsup_r.optimizer.lr, unsup_r.data.batch_size, unsup_r.trainer.max_epochs) == (1e-5, 256, 1)
