@@ -20,7 +20,7 @@ def test_quickstart_pins_its_scores():
     pinned = expected_scores.pinned("quickstart_unsup")
     assert pinned["tolerance"] == 0.5
     assert set(pinned["scores"]) >= {"best_dev", "sts/mask/avg"}
-    assert "quickstart_unsup" in expected_scores.pinned_experiments()
+    assert {"quickstart_unsup", "quickstart_sup"} <= set(expected_scores.pinned_experiments())
 
 
 def test_compare_flags_exactly_the_scores_outside_the_band():
@@ -39,11 +39,11 @@ def test_compare_flags_exactly_the_scores_outside_the_band():
 
 def test_cli_exit_status(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(RESULTS))
-    proc = subprocess.run([sys.executable, "-m", "research.expected_scores", "quickstart_sup", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "research.expected_scores", "promptbert_unsup", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["error: experiment 'quickstart_sup' pins no expected_scores; "
-                                                "pinned: quickstart_unsup"]
+    assert proc.returncode == 2  # a GPU recipe: nothing pinned
+    assert proc.stderr.strip().splitlines() == ["error: experiment 'promptbert_unsup' pins no expected_scores; "
+                                                f"pinned: {', '.join(expected_scores.pinned_experiments())}"]
     pinned = expected_scores.pinned("quickstart_unsup")["scores"]
     families = {}
     for name, value in pinned.items():
