@@ -20,7 +20,7 @@ def test_quickstart_pins_its_scores():
     pinned = expected_scores.pinned("quickstart_unsup")
     assert pinned["tolerance"] == 0.5
     assert set(pinned["scores"]) >= {"best_dev", "sts/mask/avg"}
-    assert {"quickstart_unsup", "quickstart_sup"} <= set(expected_scores.pinned_experiments())
+    assert {"quickstart_unsup", "quickstart_sup", "quickstart_optiprompt"} <= set(expected_scores.pinned_experiments())
 
 
 def test_compare_flags_exactly_the_scores_outside_the_band():
