@@ -46,6 +46,7 @@ def evaluate_in_process(model: Path, data_root: Path, out: Path, *overrides: str
     return run(cfg)
 
 
+@pytest.mark.slow
 def test_checkpoint_run_folder_and_export_score_as_training_did(optiprompt_run, real_data_root, tmp_path):
     trained = json.loads((optiprompt_run / "results.json").read_text())
     best = Path(trained["provenance"]["model"]["checkpoint"])

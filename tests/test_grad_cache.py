@@ -179,7 +179,8 @@ def test_non_finite_loss_stops_before_pass_two_and_the_optimiser_step(tiny_bert,
     assert all(torch.equal(p, before[n]) for n, p in module.named_parameters())
 
 
-@pytest.mark.parametrize("kind", ["unsup", pytest.param("sup", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["unsup", "sup"])
 def test_grad_cache_under_two_rank_ddp_equals_one_process_on_the_joined_batch(tiny_bert, tmp_path, kind):
     """2 gloo ranks, gradient caching in chunks of 3 over 4 local sentences (sup: 1 of 2 triplets), gathered
     negatives, real DistributedDataParallel gradient averaging: the loss and every gradient of one ordinary

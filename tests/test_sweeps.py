@@ -122,6 +122,7 @@ def test_unknown_parameter_is_named(bad_sweep, tmp_path):
         validate_sweep(spec)
 
 
+@pytest.mark.slow
 def test_unknown_parameter_one_line_from_the_checker_and_from_train_py(bad_sweep, tmp_path):
     env = subprocess_env(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "training.sweeps", "check", str(bad_sweep)], cwd=REPO, env=env,

@@ -180,6 +180,7 @@ def test_debug_fdr_from_the_command_line(recipe, tiny_bert, real_data_root, tmp_
     assert (out / ".hydra" / "config.yaml").is_file() and "config:" in (out / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_hydra_multirun_runs_each_job_with_its_values(tiny_bert, real_data_root, tmp_path, nli_csv):
     """The README's offline sweep: `train.py -m` with a comma sweep, one output_dir per job."""
     base = [o for o in tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path, nli_csv)

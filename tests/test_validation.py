@@ -136,6 +136,7 @@ def test_evaluate_truncated_weights_and_unwritable_output(truncated_bert, tiny_b
     assert_one_line_error(proc, r"^error: output_dir='.*a_file/out' cannot be created", tmp_path / "logs")
 
 
+@pytest.mark.slow
 def test_evaluate_keeps_hydra_files_in_the_run_folder_not_the_cwd(tiny_bert, mini_data, tmp_path):
     """A scoring run's Hydra files go inside output_dir; an encode run (its output is a file) leaves no folder."""
     root, registry = mini_data
