@@ -1,7 +1,7 @@
 """Readers for labelled tasks: SentEval transfer tasks and short-text clustering sets.
 
 Transfer files are read exactly as SentEval reads them (encoding per task record; a sentence is
-`" ".join(line.split())`; blank lines are dropped, see `read_binary`), and each split is put in
+`" ".join(line.split())`; a blank line is an example with the empty sentence, as in SentEval), and each split is put in
 SentEval's order: sorted by (token count, label), or (tokens of A, tokens of B, label) for pairs, stable. The order
 matters: SentEval's stratified folds are drawn over it, so the same order gives the same folds.
 
@@ -72,15 +72,13 @@ def _label(value: str, names: dict[str, int], path: Path, lineno: int) -> int:
     return names[value]
 
 
-def _nonblank(path: Path, encoding: str) -> list[str]:
-    return [sentence for sentence in map(_join, _lines(path, encoding)) if sentence]
-
-
 def read_binary(positive: Path, negative: Path, encoding: str) -> LabeledSplit:
-    """MR, CR, SUBJ, MPQA: one sentence per line; label 1 = the positive file, 0 = the negative one. Blank lines are
-    dropped (CR has 4, MPQA 3): SentEval embeds them as empty sentences, which the encoder rejects."""
-    pos, neg = _nonblank(positive, encoding), _nonblank(negative, encoding)
-    if not pos or not neg:
+    """MR, CR, SUBJ, MPQA: one sentence per line; label 1 = the positive file, 0 = the negative one. A blank line is
+    kept as an empty sentence (CR has 4, MPQA 3), as SentEval keeps it: its folds are drawn over every line, so
+    dropping them would change every fold. The encoder embeds "" as [CLS] (template) [SEP]."""
+    pos = [_join(line) for line in _lines(positive, encoding)]
+    neg = [_join(line) for line in _lines(negative, encoding)]
+    if not any(pos) or not any(neg):
         raise DataError(f"{positive if not pos else negative}: empty file; expected one sentence per line")
     return _senteval_order(LabeledSplit(pos + neg, np.asarray([1] * len(pos) + [0] * len(neg), dtype=np.int64)))
 

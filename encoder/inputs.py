@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common.errors import ConfigError, UserError
+from common.errors import ConfigError
 from encoder.template import MASK_SLOT, Template, apply_sentence_rule
 
 # Token roles, one per position: which part of the input a token belongs to.
@@ -85,9 +85,6 @@ class InputBuilder:
         tokens, NOT truncated. `build_from_ids` turns these into the full inputs; datasets store them pre-tokenized."""
         if self.form.template is not None:
             sentences = [apply_sentence_rule(sentence, self.form.sentence_rule) for sentence in sentences]
-        for index, sentence in enumerate(sentences):
-            if not sentence.strip():
-                raise UserError(f"sentence {index} is empty; remove empty lines from the input")
         # verbose=False: transformers would warn that the untruncated ids exceed the model's length, but only the
         # sentence is cut below (never the template), and the cuts are counted (`truncated`) and reported per task
         return self.tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]

@@ -153,3 +153,5 @@ def test_real_labeled_tasks_load(real_data_root):
              for spec in get_tasks(["MRPC", "SICK-E", "tweet"])}
     assert sizes == {"MRPC": {"train": 4076, "test": 1725}, "SICK-E": {"train": 4500, "dev": 500, "test": 4927},
                      "tweet": {"all": 2472}}
+    cr = get_tasks(["CR"])[0].load_labeled(real_data_root)["all"]  # 4 blank lines, kept as SentEval keeps them
+    assert len(cr) == 3775 and cr.sentences[:4] == [""] * 4 and "" not in cr.sentences[4:]

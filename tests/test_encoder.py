@@ -1,5 +1,6 @@
 """Encoder loading and forward: MLM variant, attention probabilities only on request, error paths."""
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModel, BertForMaskedLM
@@ -93,3 +94,28 @@ def test_package_model_resolution_and_errors(tmp_path):
         Encoder(str(tmp_path / "missing"), progress=False)
     with pytest.raises(ConfigError, match="batch_size must be >= 1"):
         Encoder(MINILM, batch_size=0, progress=False)
+
+
+def test_empty_sentence_is_cls_sep_and_template(tiny_bert):
+    """SentEval embeds a blank line as the empty sentence: [CLS] [SEP] (plain) or [CLS] template [SEP], in a batch with
+    longer sentences; every pooler stays finite (no division by an empty sentence)."""
+    from encoder.template import Template
+    from poolers import build_poolers
+
+    encoder = Encoder(str(tiny_bert), progress=False)
+    template = Template('This sentence : "[X]" means [MASK] .')
+    sentences = ["", "the dog runs fast"]
+    poolers = build_poolers(["mean", "mask", "idf", "avg_no_mask"])
+    poolers[2].fit("T", sentences, encoder.tokenizer)
+    got = encoder.embed(sentences, poolers, template, "promptbert")
+    reference = AutoModel.from_pretrained(tiny_bert).eval()
+    with torch.no_grad():
+        plain = reference(**encoder.tokenizer([""], return_tensors="pt")).last_hidden_state[0]
+        filled = encoder.tokenizer(['This sentence : "" means [MASK] .'], return_tensors="pt")
+        templated = reference(**filled).last_hidden_state[0]
+    assert plain.shape[0] == 2  # [CLS] [SEP]
+    torch.testing.assert_close(torch.from_numpy(got["mean"][0]), plain.mean(0), atol=1e-5, rtol=1e-5)
+    mask_at = filled["input_ids"][0].tolist().index(encoder.tokenizer.mask_token_id)
+    torch.testing.assert_close(torch.from_numpy(got["mask"][0]), templated[mask_at], atol=1e-5, rtol=1e-5)
+    assert all(np.isfinite(embeddings).all() for embeddings in got.values())
+    np.testing.assert_array_equal(got["idf"][0], 0)  # no sentence token to weight

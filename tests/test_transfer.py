@@ -187,6 +187,26 @@ def test_bad_input():
         fit_probes(torch.from_numpy(x), torch.from_numpy(y), 3, [probe_on(rows, rows[:0], 1e-3, TINY)], TINY)
 
 
+def test_binary_reader_keeps_blank_lines_in_senteval_order(tmp_path):
+    """A blank line is an example with the empty sentence, as SentEval's loader reads it (`line.split()` per line of
+    `splitlines()`), then everything in SentEval's stable (token count, label) order."""
+    from data.labeled import read_binary
+
+    pos, neg = tmp_path / "x.pos", tmp_path / "x.neg"
+    pos.write_bytes(b"good  film\n\nfine\n \ngreat movie !\n")
+    neg.write_bytes(b"bad\n\nawful film\n")
+    got = read_binary(pos, neg, "latin-1")
+    samples = [(line.split(), 1) for line in pos.read_text("latin-1").splitlines()]
+    samples += [(line.split(), 0) for line in neg.read_text("latin-1").splitlines()]
+    expected = sorted(samples, key=lambda z: (len(z[0]), z[1]))
+    assert got.sentences == [" ".join(tokens) for tokens, _ in expected]
+    assert got.labels.tolist() == [label for _, label in expected]
+    assert got.sentences[:3] == ["", "", ""] and got.labels[:3].tolist() == [0, 1, 1]
+    neg.write_bytes(b"\n \n")
+    with pytest.raises(DataError, match="x.neg: empty file"):
+        read_binary(pos, neg, "latin-1")
+
+
 def write_mini_labeled(root, registry_path) -> None:
     """Add a tiny CV transfer task and a tiny clustering task to a mini SentEval registry."""
     import yaml
@@ -198,7 +218,7 @@ def write_mini_labeled(root, registry_path) -> None:
     pos = root / "downstream/MINI/mini.pos"
     neg = root / "downstream/MINI/mini.neg"
     pos.write_text("".join(f"a {w} movie number {i}\n" for i in range(12) for w in words[:1 + i % 4]), "latin-1")
-    neg.write_text("".join(f"a {words[4 + i % 4]} film number {i}\n" for i in range(12)), "latin-1")
+    neg.write_text("".join(f"a {words[4 + i % 4]} film number {i}\n" for i in range(12)) + "\n", "latin-1")
     size = len(pos.read_text().splitlines()) + len(neg.read_text().splitlines())
     clu = root / "clustering/mini.txt"
     clu.parent.mkdir(parents=True)
