@@ -13,20 +13,29 @@ from omegaconf import DictConfig
 
 from common.cli import check_command_line
 from common.errors import exit_on_user_error
+from common.validation import check_evaluate_config
 from configs import CONFIG_DIR
-from evaluation.runner import run
+
+
+def check_then_run(cfg: DictConfig) -> None:
+    """A mistake in the config is reported before the scoring stack (torch, transformers, scikit-learn: most of a
+    run's startup) is imported, so a wrong value costs a second, not ten."""
+    check_evaluate_config(cfg)
+    from evaluation.runner import run
+
+    run(cfg)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
 @exit_on_user_error
 def compose_and_run(cfg: DictConfig) -> None:
-    run(cfg)
+    check_then_run(cfg)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="encode")
 @exit_on_user_error
 def compose_and_encode(cfg: DictConfig) -> None:
-    run(cfg)
+    check_then_run(cfg)
 
 
 def main() -> None:
