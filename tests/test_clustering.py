@@ -77,7 +77,13 @@ def test_kmeans_labels_equal_scikit_learns_kmeans(k, n_init):
     uncached = PlusPlusSeeder(shared.x, cache_bytes=0)
     np.testing.assert_array_equal(kmeans_labels(x, k, 1, n_init, uncached),
                                   KMeans(n_clusters=k, random_state=1, n_init=n_init).fit_predict(x))
-    assert not uncached.rows and shared.rows
+    assert not uncached.blocks and shared.blocks
+    few_small_blocks = PlusPlusSeeder(shared.x, cache_bytes=4 * len(x) * 7 * 20, block_rows=7)  # 20 of 58 blocks
+    np.testing.assert_array_equal(kmeans_labels(x, k, 2, n_init, few_small_blocks),
+                                  KMeans(n_clusters=k, random_state=2, n_init=n_init).fit_predict(x))
+    assert 0 < len(few_small_blocks.blocks) <= 20
+    for block, rows in few_small_blocks.blocks.items():
+        np.testing.assert_array_equal(rows, uncached.compute(np.arange(block * 7, min(block * 7 + 7, len(x)))))
 
 
 def test_same_partition_is_equality_up_to_renaming():

@@ -203,7 +203,7 @@ def test_binary_reader_keeps_blank_lines_in_senteval_order(tmp_path):
     assert got.labels.tolist() == [label for _, label in expected]
     assert got.sentences[:3] == ["", "", ""] and got.labels[:3].tolist() == [0, 1, 1]
     neg.write_bytes(b"\n \n")
-    with pytest.raises(DataError, match="x.neg: empty file"):
+    with pytest.raises(DataError, match=r"x\.neg: empty file"):
         read_binary(pos, neg, "latin-1")
 
 
