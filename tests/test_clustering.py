@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sklearn.cluster import KMeans
+from threadpoolctl import threadpool_limits
 
 from common.errors import ConfigError, DataError
 from data.labeled import read_clustering
@@ -19,6 +20,7 @@ from evaluation.clustering import (
     evaluate_clustering,
     hungarian_accuracy,
     kmeans_labels,
+    kmeans_trials,
     same_partition,
     seeder_for,
 )
@@ -84,6 +86,25 @@ def test_kmeans_labels_equal_scikit_learns_kmeans(k, n_init):
     assert 0 < len(few_small_blocks.blocks) <= 20
     for block, rows in few_small_blocks.blocks.items():
         np.testing.assert_array_equal(rows, uncached.compute(np.arange(block * 7, min(block * 7 + 7, len(x)))))
+
+
+def test_trials_run_side_by_side_with_one_thread_kmeans():
+    """Parallel trials give the labels of scikit-learn's KMeans on one OpenMP thread, trial by trial, whatever the
+    number of workers. On this data two OpenMP threads give other labels in trial 0 (its summation grouping differs),
+    which is why each trial is pinned to one thread."""
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(5, 16)) * 0.7
+    labels = rng.integers(0, 5, size=3000)
+    x = (centres[labels] + rng.normal(size=(3000, 16))).astype(np.float32)
+    config = ClusteringConfig(trials=4, n_init=3)
+    with threadpool_limits(limits=1, user_api="openmp"):
+        expected = [KMeans(n_clusters=5, random_state=t, n_init=3).fit_predict(x) for t in range(4)]
+    with threadpool_limits(limits=2, user_api="openmp"):
+        two_threads = KMeans(n_clusters=5, random_state=0, n_init=3).fit_predict(x)
+    assert not np.array_equal(two_threads, expected[0])
+    for workers in (1, 3):
+        for got, want in zip(kmeans_trials(x, 5, config, workers), expected, strict=True):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_same_partition_is_equality_up_to_renaming():
