@@ -76,10 +76,10 @@ def read_binary(positive: Path, negative: Path, encoding: str) -> LabeledSplit:
     """MR, CR, SUBJ, MPQA: one sentence per line; label 1 = the positive file, 0 = the negative one. A blank line is
     kept as an empty sentence (CR has 4, MPQA 3), as SentEval keeps it: its folds are drawn over every line, so
     dropping them would change every fold. The encoder embeds "" as [CLS] (template) [SEP]."""
-    pos = [_join(line) for line in _lines(positive, encoding)]
-    neg = [_join(line) for line in _lines(negative, encoding)]
-    if not any(pos) or not any(neg):
-        raise DataError(f"{positive if not pos else negative}: empty file; expected one sentence per line")
+    pos, neg = ([_join(line) for line in _lines(path, encoding)] for path in (positive, negative))
+    for path, sentences in ((positive, pos), (negative, neg)):
+        if not any(sentences):
+            raise DataError(f"{path}: empty file; expected one sentence per line")
     return _senteval_order(LabeledSplit(pos + neg, np.asarray([1] * len(pos) + [0] * len(neg), dtype=np.int64)))
 
 

@@ -205,6 +205,9 @@ def test_binary_reader_keeps_blank_lines_in_senteval_order(tmp_path):
     neg.write_bytes(b"\n \n")
     with pytest.raises(DataError, match=r"x\.neg: empty file"):
         read_binary(pos, neg, "latin-1")
+    pos.write_bytes(b"\n\n")  # blank lines only: the file named is the one without a sentence
+    with pytest.raises(DataError, match=r"x\.pos: empty file"):
+        read_binary(pos, neg, "latin-1")
 
 
 def write_mini_labeled(root, registry_path) -> None:
