@@ -6,7 +6,7 @@ file (installed: `promptemb-evaluate ...`). The command line lives in evaluation
     python evaluate.py mode=encode backbone.name_or_path=DIR pooler=mean input=FILE.txt output=FILE.npy
 """
 
-from evaluation.evaluate import main
+from promptemb.evaluation.evaluate import main
 
 if __name__ == "__main__":
     main()

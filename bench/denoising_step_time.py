@@ -18,13 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import promptemb.lightning_modules.base as base
 import torch
-
-import lightning_modules.base as base
-from data.corpora import read_text_lines
-from data.root import resolve_data_root
-from lightning_modules.losses import info_nce
-from lightning_modules.promptbert import PromptBERTUnsup
+from promptemb.data.corpora import read_text_lines
+from promptemb.data.root import resolve_data_root
+from promptemb.lightning_modules.losses import info_nce
+from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 
 REFERENCE_LENGTHS = 50
 _present_lengths_biases = base.template_biases

@@ -24,13 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.root import resolve_data_root
-from data.tasks import STS_SUITE, get_tasks
-from encoder.model import Encoder, combine_needs
-from encoder.template import Template
-from evaluation.options import ScoringOptions
-from evaluation.sts import evaluate_sts
-from poolers import POOLER_NAMES, build_poolers
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import STS_SUITE, get_tasks
+from promptemb.encoder.model import Encoder, combine_needs
+from promptemb.encoder.template import Template
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.sts import evaluate_sts
+from promptemb.poolers import POOLER_NAMES, build_poolers
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 

@@ -44,11 +44,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-
-from common.errors import ConfigError, UserError
-from common.io import atomic_write_json
-from lightning_modules.losses import world_size
-from training.runner import build, build_module, compose_train
+from promptemb.common.errors import ConfigError, UserError
+from promptemb.common.io import atomic_write_json
+from promptemb.lightning_modules.losses import world_size
+from promptemb.training.runner import build, build_module, compose_train
 
 PHASES = ("data_wait", "inputs", "forward", "denoising", "backward", "optimiser")
 AUTOCAST = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16}

@@ -21,14 +21,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.io import atomic_write_json
-from data.root import resolve_data_root
-from data.tasks import get_tasks
-from encoder.model import Encoder
-from encoder.template import Template
-from evaluation.options import ScoringOptions
-from evaluation.suite import evaluate_tasks
-from poolers import build_poolers
+from promptemb.common.io import atomic_write_json
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import get_tasks
+from promptemb.encoder.model import Encoder
+from promptemb.encoder.template import Template
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.suite import evaluate_tasks
+from promptemb.poolers import build_poolers
 
 
 def main() -> None:

@@ -25,28 +25,27 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
-
-from common.errors import DivergenceError
-from common.io import atomic_write_json
-from data.root import resolve_data_root
-from data.tasks import REGISTRY_FILE, STS_SUITE, get_tasks, load_registry
-from encoder.model import Encoder, Shard, attention_implementation, combine_needs
-from evaluation.analysis import analyse_task
-from evaluation.clustering import ClusteringConfig
-from evaluation.corpora import TARGET, Corpora
-from evaluation.options import ScoringOptions
-from evaluation.plots import plot_curve
-from evaluation.report import attach_scoring_details, plot_name, scoring_provenance, write_report
-from evaluation.runner import protocol_config
-from evaluation.sts import check_scoring, evaluate_sts
-from evaluation.suite import evaluate_tasks
-from evaluation.transfer import ClassifierConfig
-from evaluation.wandb_tables import log_sts_tables
-from inference.model_sources import merge_poolers
-from lightning_modules.checkpoint import load_memory_mapped
-from poolers import build_poolers
-from poolers.base import Pooler
-from postprocessing import build_posts
+from promptemb.common.errors import DivergenceError
+from promptemb.common.io import atomic_write_json
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import REGISTRY_FILE, STS_SUITE, get_tasks, load_registry
+from promptemb.encoder.model import Encoder, Shard, attention_implementation, combine_needs
+from promptemb.evaluation.analysis import analyse_task
+from promptemb.evaluation.clustering import ClusteringConfig
+from promptemb.evaluation.corpora import TARGET, Corpora
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.plots import plot_curve
+from promptemb.evaluation.report import attach_scoring_details, plot_name, scoring_provenance, write_report
+from promptemb.evaluation.runner import protocol_config
+from promptemb.evaluation.sts import check_scoring, evaluate_sts
+from promptemb.evaluation.suite import evaluate_tasks
+from promptemb.evaluation.transfer import ClassifierConfig
+from promptemb.evaluation.wandb_tables import log_sts_tables
+from promptemb.inference.model_sources import merge_poolers
+from promptemb.lightning_modules.checkpoint import load_memory_mapped
+from promptemb.poolers import build_poolers
+from promptemb.poolers.base import Pooler
+from promptemb.postprocessing import build_posts
 
 log = logging.getLogger(__name__)
 SELECTION_POOLER = "mask"  # the one ModelCheckpoint monitors (configs/callbacks/default.yaml)

@@ -1,15 +1,14 @@
 """Saves the W&B run id with every checkpoint, so `ckpt_path=...` resumes the same W&B run.
 
-The id goes to `checkpoint["wandb"]` (read back by `training.loggers.wandb_run_id` BEFORE the logger is
+The id goes to `checkpoint["wandb"]` (read back by `promptemb.training.loggers.wandb_run_id` BEFORE the logger is
 created: W&B needs the id at `wandb.init`, which is earlier than Lightning restores callback states).
 """
 
 from __future__ import annotations
 
 import pytorch_lightning as pl
+from promptemb.training.loggers import CHECKPOINT_KEY
 from pytorch_lightning.loggers import WandbLogger
-
-from training.loggers import CHECKPOINT_KEY
 
 
 class WandbRunCallback(pl.Callback):

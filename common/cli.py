@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from common.errors import ConfigError
+from promptemb.common.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 #: The config each entry point composes.
@@ -125,12 +125,12 @@ def check_override_syntax(argv: list[str]) -> None:
 
 def check_command_line(entry: str, argv: list[str]) -> None:
     """Every check before Hydra composes the config of `entry` (train | evaluate); raises a one-line ConfigError."""
-    from common.validation import check_run_dir_before_hydra
+    from promptemb.common.validation import check_run_dir_before_hydra
 
     check_renamed_keys(entry, argv)
     check_override_syntax(argv)
     if entry == "train":
-        from training.runner import check_experiment_overrides, check_override_keys
+        from promptemb.training.runner import check_experiment_overrides, check_override_keys
 
         check_experiment_overrides(argv)
         check_override_keys(argv)

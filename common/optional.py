@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from common.errors import ConfigError
+from promptemb.common.errors import ConfigError
 
 #: module -> (pip package, extra of promptemb that installs it)
 EXTRAS = {

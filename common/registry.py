@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.errors import ConfigError
+from promptemb.common.errors import ConfigError
 
 
 def build_named(registry: Mapping[str, tuple[type, dict[str, Any]]], kind: str, valid_label: str, name: str,

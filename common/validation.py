@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from omegaconf import DictConfig, OmegaConf
-
-from common.errors import ConfigError, UserError
-from configs import CONFIG_DIR
+from promptemb.common.errors import ConfigError, UserError
+from promptemb.configs import CONFIG_DIR
 
 # -- declared once per parameter name --------------------------------------------------------------------------------
 
@@ -85,8 +84,8 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu", "hpu")
 
 def _choices() -> dict[str, tuple[str, ...]]:
     """Valid values by parameter name (imported lazily: the registries import torch and transformers)."""
-    from encoder.model import DTYPES
-    from encoder.template import SENTENCE_RULES
+    from promptemb.encoder.model import DTYPES
+    from promptemb.encoder.template import SENTENCE_RULES
 
     return {"sentence_rule": SENTENCE_RULES, "dtype": tuple(DTYPES), "accelerator": ACCELERATORS}
 
@@ -504,8 +503,8 @@ def nothing_left_on_user_error() -> Iterator[None]:
 
 
 def _check_train(cfg: DictConfig) -> None:
-    from data.root import resolve_data_root
-    from encoder.model import check_model_source
+    from promptemb.data.root import resolve_data_root
+    from promptemb.encoder.model import check_model_source
 
     container = resolved(cfg)
     check_train_composition(container)
@@ -522,7 +521,7 @@ def _check_train(cfg: DictConfig) -> None:
 
 
 def check_backbone(container: dict) -> None:
-    from encoder.model import Encoder
+    from promptemb.encoder.model import Encoder
 
     hints, _ = constructor_hints(Encoder)
     check_node("backbone.", container.get("backbone") or {}, hints, False, "Encoder (the backbone)")
@@ -549,8 +548,8 @@ def check_training_data(cfg: DictConfig, data: dict, root: Path) -> None:
     `download` source is fetched later, when the run starts."""
     if not data.get("_target_") or data.get("download"):
         return
-    from data.corpora import check_nli_header
-    from training.runner import build
+    from promptemb.data.corpora import check_nli_header
+    from promptemb.training.runner import build
 
     datamodule = build(cfg.data)
     files = data.get("files") or ([data["file"]] if data.get("file") else [])
@@ -571,7 +570,7 @@ def check_train_config(cfg: DictConfig) -> None:
 
 
 def _check_evaluate(cfg: DictConfig) -> None:
-    from encoder.model import check_model_source
+    from promptemb.encoder.model import check_model_source
 
     container = resolved(cfg)
     check_evaluate_composition(container)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from common.errors import DataError
+from promptemb.common.errors import DataError
 
 _CACHE: dict[tuple[str, int, int], str] = {}
 
@@ -37,7 +37,8 @@ def verify_file(root: Path, relative: str, expected_sha256: str) -> Path:
     path = root / relative
     if not path.is_file():
         raise DataError(
-            f"missing data file {path}: check data_root, or fetch the data with `python -m data.download --dest {root}`"
+            f"missing data file {path}: check data_root, or fetch the data with "
+            f"`python -m promptemb.data.download --dest {root}`"
         )
     actual = sha256_file(path)
     if actual != expected_sha256:

@@ -9,9 +9,9 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
-from common.errors import DataError
-from data.readers import read_utf8_text
-from data.tasks import CLUSTERING_SUITE, TRANSFER_SUITE, get_tasks
+from promptemb.common.errors import DataError
+from promptemb.data.readers import read_utf8_text
+from promptemb.data.tasks import CLUSTERING_SUITE, TRANSFER_SUITE, get_tasks
 
 NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
 #: Sentences never trained on: every STS test set, STS-B dev (model selection), SICK-R test, and every sentence of

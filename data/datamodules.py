@@ -1,11 +1,11 @@
 """LightningDataModules: unsupervised text lines and NLI-style triplets.
 
-With `pretokenize` (the default) the corpus is tokenized once into a memory-mapped Arrow table (`data.pretokenized`,
+With `pretokenize` (the default) the corpus is tokenized once into a memory-mapped Arrow table (`data/pretokenized.py`,
 cached across runs) by the tokenizer and sentence rule of the module being trained, and batches are padded sentence
 ids ({"ids", "lengths"}) the module wraps in its templates on the device. Without it, or without a module that
 offers a tokenization, batches are lists of raw strings the module templates and tokenizes itself.
 
-The order of the examples is a pure function of (seed, epoch) (`data.sampling.EpochSampler`), and the position
+The order of the examples is a pure function of (seed, epoch) (`promptemb.data.sampling.EpochSampler`), and the position
 inside the epoch travels in every checkpoint (`state_dict`), so a resumed run trains on exactly the batches the
 uninterrupted run would have, with or without workers and under DDP.
 """
@@ -20,10 +20,8 @@ from typing import Literal
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader
-
-from common.errors import ConfigError, DataError
-from data.corpora import (
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.corpora import (
     HELD_OUT_TASKS,
     held_out_sentences,
     normalise_for_matching,
@@ -31,10 +29,16 @@ from data.corpora import (
     read_text_lines,
     sick_triplets,
 )
-from data.download import DEFAULT_CACHE, fetch, load_source
-from data.pretokenized import PretokenizedExamples, SentenceTokenization, pad_sentence_ids, pretokenized_corpus
-from data.root import resolve_data_root
-from data.sampling import DataPosition, EpochSampler
+from promptemb.data.download import DEFAULT_CACHE, fetch, load_source
+from promptemb.data.pretokenized import (
+    PretokenizedExamples,
+    SentenceTokenization,
+    pad_sentence_ids,
+    pretokenized_corpus,
+)
+from promptemb.data.root import resolve_data_root
+from promptemb.data.sampling import DataPosition, EpochSampler
+from torch.utils.data import DataLoader
 
 log = logging.getLogger(__name__)
 # Lightning cannot see that the datamodule restores the position itself (its own check wants a stateful loader).
@@ -61,7 +65,7 @@ class _StringDataModule(pl.LightningDataModule):
                  group_by_length: bool = False, distinct_in_batch: bool = False):
         """`num_workers`/`pin_memory` `auto`: 4 workers (persistent) and pinned memory when the trainer runs on an
         accelerator, 0 and off on a CPU. `tokenize_processes`: processes for pre-tokenizing a large corpus (default:
-        every core). `group_by_length`, `distinct_in_batch`: see `data.sampling`."""
+        every core). `group_by_length`, `distinct_in_batch`: see `promptemb.data.sampling`."""
         super().__init__()
         self.batch_size = batch_size
         self.seed = seed

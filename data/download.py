@@ -1,6 +1,6 @@
 """Download the data files hosted on the Hugging Face Hub, pinned and verified, cached, installed atomically.
 
-    python -m data.download --dest DIR [--revision REV] [--sha256 HEX] [--cache-dir DIR]
+    python -m promptemb.data.download --dest DIR [--revision REV] [--sha256 HEX] [--cache-dir DIR]
 
 1. A source (data/sources.yaml: repo, revision, file name, sha256, line count) is fetched with
    `huggingface_hub.hf_hub_download` into a staging folder in the cache (HF_ENDPOINT selects a mirror, HF_TOKEN
@@ -22,10 +22,9 @@ import tempfile
 from pathlib import Path
 
 import yaml
-
-from common.errors import ConfigError, DataError, exit_on_user_error
-from data.checksums import count_lines, sha256_file
-from data.tasks import REGISTRY_FILE, load_registry
+from promptemb.common.errors import ConfigError, DataError, exit_on_user_error
+from promptemb.data.checksums import count_lines, sha256_file
+from promptemb.data.tasks import REGISTRY_FILE, load_registry
 
 log = logging.getLogger(__name__)
 SOURCES_FILE = Path(__file__).with_name("sources.yaml")

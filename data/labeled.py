@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from common.errors import DataError
+from promptemb.common.errors import DataError
 
 SICK_LABELS = {"CONTRADICTION": 0, "NEUTRAL": 1, "ENTAILMENT": 2}
 TREC_LABELS = {"ABBR": 0, "DESC": 1, "ENTY": 2, "HUM": 3, "LOC": 4, "NUM": 5}

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from encoder.inputs import InputBuilder
+from promptemb.encoder.inputs import InputBuilder
 
 log = logging.getLogger(__name__)
 #: Corpora smaller than this are tokenized in the main process: starting `num_proc` workers costs more.

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from common.errors import DataError
+from promptemb.common.errors import DataError
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.errors import DataError
+from promptemb.common.errors import DataError
 
 DATA_ROOT_ENV = "PROMPTEMB_DATA"
 
@@ -16,12 +16,12 @@ def resolve_data_root(configured: str | os.PathLike | None = None) -> Path:
     if not value:
         raise DataError(
             f"no data root set: pass data_root=PATH or export {DATA_ROOT_ENV}=PATH "
-            "(fetch the data with `python -m data.download --dest PATH`)"
+            "(fetch the data with `python -m promptemb.data.download --dest PATH`)"
         )
     root = Path(value).expanduser()
     if not root.is_dir():
         raise DataError(
             f"data root {root} does not exist: pass data_root=PATH or export {DATA_ROOT_ENV}=PATH "
-            "(fetch the data with `python -m data.download --dest PATH`)"
+            "(fetch the data with `python -m promptemb.data.download --dest PATH`)"
         )
     return root

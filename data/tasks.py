@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 import yaml
-
-from common.errors import ConfigError, DataError
-from data.checksums import verify_file
-from data.labeled import (
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.checksums import verify_file
+from promptemb.data.labeled import (
     LabeledSplit,
     read_binary,
     read_clustering,
@@ -22,7 +21,7 @@ from data.labeled import (
     read_sst,
     read_trec,
 )
-from data.readers import SentencePairs, read_sick, read_sts_subset, read_stsb
+from promptemb.data.readers import SentencePairs, read_sick, read_sts_subset, read_stsb
 
 REGISTRY_FILE = Path(__file__).with_name("tasks.yaml")
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-
-from encoder.inputs import PAD, SPECIAL, TEMPLATE, Batch, InputBuilder
-from encoder.outputs import EncoderOutput, normalize_layer
-from poolers.base import Needs
+from promptemb.encoder.inputs import PAD, SPECIAL, TEMPLATE, Batch, InputBuilder
+from promptemb.encoder.outputs import EncoderOutput, normalize_layer
+from promptemb.poolers.base import Needs
 
 
 class InputEmbedder(Protocol):

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from common.errors import ConfigError
-from encoder.template import MASK_SLOT, Template, apply_sentence_rule
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.template import MASK_SLOT, Template, apply_sentence_rule
 
 # Token roles, one per position: which part of the input a token belongs to.
 PAD, SPECIAL, TEMPLATE, SENTENCE = -1, 0, 1, 2

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.forward import InputEmbedder, max_input_length, run_transformer
+from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
+from promptemb.encoder.outputs import EncoderOutput, normalize_layer
+from promptemb.encoder.template import Template
+from promptemb.poolers.base import Needs, Pooler
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
-
-from common.errors import ConfigError
-from encoder.forward import InputEmbedder, max_input_length, run_transformer
-from encoder.inputs import Batch, InputBuilder, InputForm, collate
-from encoder.outputs import EncoderOutput, normalize_layer
-from encoder.template import Template
-from poolers.base import Needs, Pooler
 
 PACKAGE_PREFIX = "package:"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

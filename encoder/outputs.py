@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from common.errors import ConfigError
+from promptemb.common.errors import ConfigError
 
 
 def normalize_layer(index: int, num_layers: int) -> int:

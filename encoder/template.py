@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.errors import ConfigError
+from promptemb.common.errors import ConfigError
 
 SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from common.errors import ConfigError, DataError
-from data.readers import read_sentences
-from data.tasks import TaskSpec
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.readers import read_sentences
+from promptemb.data.tasks import TaskSpec
 
 TARGET = "T"
 WIKI = "W"

@@ -10,18 +10,17 @@ import sys
 
 import hydra
 from omegaconf import DictConfig
-
-from common.cli import check_command_line
-from common.errors import exit_on_user_error
-from common.validation import check_evaluate_config
-from configs import CONFIG_DIR
+from promptemb.common.cli import check_command_line
+from promptemb.common.errors import exit_on_user_error
+from promptemb.common.validation import check_evaluate_config
+from promptemb.configs import CONFIG_DIR
 
 
 def check_then_run(cfg: DictConfig) -> None:
     """A mistake in the config is reported before the scoring stack (torch, transformers, scikit-learn: most of a
     run's startup) is imported, so a wrong value costs a second, not ten."""
     check_evaluate_config(cfg)
-    from evaluation.runner import run
+    from promptemb.evaluation.runner import run
 
     run(cfg)
 

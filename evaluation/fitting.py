@@ -6,10 +6,10 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from common.errors import ConfigError
-from evaluation.corpora import TARGET, Corpora
-from poolers.base import Pooler
-from poolers.fitted import CorpusFittedPooler
+from promptemb.common.errors import ConfigError
+from promptemb.evaluation.corpora import TARGET, Corpora
+from promptemb.poolers.base import Pooler
+from promptemb.poolers.fitted import CorpusFittedPooler
 
 
 @dataclass

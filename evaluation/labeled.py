@@ -15,16 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from data.labeled import LabeledSplit
-from data.tasks import TaskSpec
-from encoder.model import Encoder
-from evaluation.clustering import ClusteringConfig, evaluate_clustering
-from evaluation.options import DEFAULT_OPTIONS, ScoringOptions
-from evaluation.sts import SentenceIndex, check_scoring, encode_plans
-from evaluation.transfer import ClassifierConfig, TransferData, evaluate_transfer
-from evaluation.variants import score_variants
-from poolers.base import Pooler
+from promptemb.data.labeled import LabeledSplit
+from promptemb.data.tasks import TaskSpec
+from promptemb.encoder.model import Encoder
+from promptemb.evaluation.clustering import ClusteringConfig, evaluate_clustering
+from promptemb.evaluation.options import DEFAULT_OPTIONS, ScoringOptions
+from promptemb.evaluation.sts import SentenceIndex, check_scoring, encode_plans
+from promptemb.evaluation.transfer import ClassifierConfig, TransferData, evaluate_transfer
+from promptemb.evaluation.variants import score_variants
+from promptemb.poolers.base import Pooler
 
 
 @dataclass

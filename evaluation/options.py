@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from data.tasks import TaskSpec
-from encoder.template import Template
-from evaluation.corpora import TARGET, Corpora
-from postprocessing.base import PostProcessor
+from promptemb.data.tasks import TaskSpec
+from promptemb.encoder.template import Template
+from promptemb.evaluation.corpora import TARGET, Corpora
+from promptemb.postprocessing.base import PostProcessor
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import logging
 import textwrap
 from pathlib import Path
 
-from common.io import atomic_write
-from common.optional import available, install_hint
+from promptemb.common.io import atomic_write
+from promptemb.common.optional import available, install_hint
 
 log = logging.getLogger(__name__)
 

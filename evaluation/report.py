@@ -6,9 +6,9 @@ import platform
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common.io import atomic_write_json, atomic_write_text
-from common.version import framework_version
-from evaluation.plots import TASK_ABBREVIATIONS, plot_scores
+from promptemb.common.io import atomic_write_json, atomic_write_text
+from promptemb.common.version import framework_version
+from promptemb.evaluation.plots import TASK_ABBREVIATIONS, plot_scores
 
 
 def software_versions() -> dict[str, str]:

@@ -9,33 +9,32 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
-
-from common.errors import ConfigError
-from common.io import atomic_write, atomic_write_json
-from common.seed import seed_everything
-from common.validation import check_evaluate_config, discard_hydra_run_dir, nothing_left_on_user_error
-from data.readers import read_sentences
-from data.root import resolve_data_root
-from data.tasks import REGISTRY_FILE, get_tasks, load_registry
-from encoder.model import Encoder, combine_needs
-from encoder.template import SENTENCE_RULES, Template
-from evaluation.analysis import analyse_task
-from evaluation.clustering import ClusteringConfig
-from evaluation.corpora import TARGET, Corpora
-from evaluation.options import ScoringOptions
-from evaluation.report import (
+from promptemb.common.errors import ConfigError
+from promptemb.common.io import atomic_write, atomic_write_json
+from promptemb.common.seed import seed_everything
+from promptemb.common.validation import check_evaluate_config, discard_hydra_run_dir, nothing_left_on_user_error
+from promptemb.data.readers import read_sentences
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import REGISTRY_FILE, get_tasks, load_registry
+from promptemb.encoder.model import Encoder, combine_needs
+from promptemb.encoder.template import SENTENCE_RULES, Template
+from promptemb.evaluation.analysis import analyse_task
+from promptemb.evaluation.clustering import ClusteringConfig
+from promptemb.evaluation.corpora import TARGET, Corpora
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.report import (
     attach_scoring_details,
     markdown_table,
     scoring_provenance,
     software_versions,
     write_report,
 )
-from evaluation.suite import evaluate_tasks
-from evaluation.transfer import ClassifierConfig
-from inference.model_sources import check_input_form, merge_poolers, open_trained_model
-from poolers import build_pooler, build_poolers
-from poolers.fitted import CorpusFittedPooler
-from postprocessing import build_posts
+from promptemb.evaluation.suite import evaluate_tasks
+from promptemb.evaluation.transfer import ClassifierConfig
+from promptemb.inference.model_sources import check_input_form, merge_poolers, open_trained_model
+from promptemb.poolers import build_pooler, build_poolers
+from promptemb.poolers.fitted import CorpusFittedPooler
+from promptemb.postprocessing import build_posts
 
 log = logging.getLogger(__name__)
 MODES = ("score", "encode")

@@ -13,17 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from promptemb.data.readers import SentencePairs
+from promptemb.data.tasks import TaskSpec
+from promptemb.encoder.model import Encoder, Truncation
+from promptemb.encoder.template import Template
+from promptemb.evaluation.corpora import TARGET, Corpora
+from promptemb.evaluation.fitting import load_fit_corpora, plan_poolers
+from promptemb.evaluation.options import DEFAULT_OPTIONS, ScoringOptions
+from promptemb.evaluation.variants import PooledEmbeddings, score_variants, task_rows
+from promptemb.poolers.base import Pooler
 from scipy.stats import pearsonr, spearmanr
-
-from data.readers import SentencePairs
-from data.tasks import TaskSpec
-from encoder.model import Encoder, Truncation
-from encoder.template import Template
-from evaluation.corpora import TARGET, Corpora
-from evaluation.fitting import load_fit_corpora, plan_poolers
-from evaluation.options import DEFAULT_OPTIONS, ScoringOptions
-from evaluation.variants import PooledEmbeddings, score_variants, task_rows
-from poolers.base import Pooler
 
 log = logging.getLogger(__name__)
 #: truncation counts already reported in this process (the training callback scores STS-B dev again and again)

@@ -11,14 +11,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from data.tasks import FAMILIES, TaskSpec
-from encoder.model import Encoder
-from evaluation.clustering import ClusteringConfig
-from evaluation.labeled import evaluate_labeled
-from evaluation.options import DEFAULT_OPTIONS, ScoringOptions
-from evaluation.sts import evaluate_sts
-from evaluation.transfer import ClassifierConfig
-from poolers.base import Pooler
+from promptemb.data.tasks import FAMILIES, TaskSpec
+from promptemb.encoder.model import Encoder
+from promptemb.evaluation.clustering import ClusteringConfig
+from promptemb.evaluation.labeled import evaluate_labeled
+from promptemb.evaluation.options import DEFAULT_OPTIONS, ScoringOptions
+from promptemb.evaluation.sts import evaluate_sts
+from promptemb.evaluation.transfer import ClassifierConfig
+from promptemb.poolers.base import Pooler
 
 STS_PROTOCOL = {"metric": "cosine similarity, Spearman x100, SentEval 'all' setting"}
 

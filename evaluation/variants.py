@@ -12,9 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from evaluation.corpora import TARGET
-from postprocessing.base import PostProcessor
+from promptemb.evaluation.corpora import TARGET
+from promptemb.postprocessing.base import PostProcessor
 
 
 @dataclass

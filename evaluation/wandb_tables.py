@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.optional import require
+from promptemb.common.optional import require
 
 
 def sts_table_rows(result: dict) -> tuple[list[str], list[list]]:

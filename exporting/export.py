@@ -7,10 +7,9 @@ DIR is both a Hugging Face model directory (AutoModel; template, pooler, layers 
 
 import hydra
 from omegaconf import DictConfig
-
-from common.errors import exit_on_user_error
-from configs import CONFIG_DIR
-from exporting.runner import export_checkpoint
+from promptemb.common.errors import exit_on_user_error
+from promptemb.configs import CONFIG_DIR
+from promptemb.exporting.runner import export_checkpoint
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="export")

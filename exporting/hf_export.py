@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from promptemb.inference.prompt_encoder import PromptEncoder
 from safetensors.torch import save_file
-
-from inference.prompt_encoder import PromptEncoder
 
 
 def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:

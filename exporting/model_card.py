@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evaluation.report import markdown_table
+from promptemb.evaluation.report import markdown_table
 
 
 def describe_pooler(record: dict) -> str:

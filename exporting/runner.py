@@ -9,14 +9,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from common.errors import ConfigError, DataError
-from common.io import umask_mode
-from common.optional import require
-from evaluation.options import ScoringOptions
-from exporting.hf_export import write_hf_directory
-from exporting.model_card import model_card
-from exporting.st_export import write_sentence_transformers_files
-from inference.prompt_encoder import PromptEncoder, export_block
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.common.io import umask_mode
+from promptemb.common.optional import require
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.exporting.hf_export import write_hf_directory
+from promptemb.exporting.model_card import model_card
+from promptemb.exporting.st_export import write_sentence_transformers_files
+from promptemb.inference.prompt_encoder import PromptEncoder, export_block
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -60,9 +60,9 @@ def run_scores(checkpoint: Path, encoder: PromptEncoder) -> tuple[dict | None, s
 
 
 def score_encoder(encoder: PromptEncoder, tasks: list[str], data_root: str | None) -> dict:
-    from data.root import resolve_data_root
-    from data.tasks import get_tasks
-    from evaluation.sts import evaluate_sts
+    from promptemb.data.root import resolve_data_root
+    from promptemb.data.tasks import get_tasks
+    from promptemb.evaluation.sts import evaluate_sts
 
     options = ScoringOptions(encoder.template, encoder.sentence_rule, encoder.max_sentence_tokens)
     result = evaluate_sts(encoder.encoder, get_tasks(tasks), resolve_data_root(data_root), [encoder.pooler], options)

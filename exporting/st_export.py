@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from common.optional import require
+from promptemb.common.optional import require
 
 MODULE_FILE = "promptemb_st_module.py"
 MODULE_CLASS = "promptemb_st_module.PromptEncoderModule"

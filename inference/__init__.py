@@ -1,5 +1,5 @@
 """Use a trained encoder: `load_encoder(export_dir_or_ckpt).encode(sentences)`, and its MTEB wrapper."""
 
-from inference.prompt_encoder import PromptEncoder, load_encoder
+from promptemb.inference.prompt_encoder import PromptEncoder, load_encoder
 
 __all__ = ["PromptEncoder", "load_encoder"]

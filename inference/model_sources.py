@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
-from common.errors import ConfigError
-from encoder.model import Encoder, resolve_device
-from encoder.template import Template
-from poolers.base import Pooler
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.model import Encoder, resolve_device
+from promptemb.encoder.template import Template
+from promptemb.poolers.base import Pooler
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
@@ -40,7 +39,7 @@ class TrainedModel:
 
 def source_kind(name_or_path: str) -> str:
     """`checkpoint`, `run`, `export` or `pretrained` (a plain Hugging Face model, loaded by `Encoder`)."""
-    from inference.prompt_encoder import export_block
+    from promptemb.inference.prompt_encoder import export_block
 
     path = Path(name_or_path)
     if path.is_file():
@@ -55,7 +54,7 @@ def source_kind(name_or_path: str) -> str:
 def best_checkpoint(run_dir: Path) -> Path:
     """The best checkpoint of a train.py run folder: the one its checkpoint callback recorded in `last.ckpt` (paths
     stored relative to the checkpoint folder), else the folder's only non-last checkpoint."""
-    from lightning_modules.checkpoint import read_checkpoint
+    from promptemb.lightning_modules.checkpoint import read_checkpoint
 
     folder = run_dir / CHECKPOINT_DIR
     last = folder / LAST_CHECKPOINT
@@ -83,7 +82,7 @@ def switch_to_eager_attention(transformer: torch.nn.Module) -> None:
 
 
 def from_checkpoint(path: Path, *, device, batch_size: int, attentions: bool, source: dict) -> TrainedModel:
-    from lightning_modules.checkpoint import load_module_checkpoint
+    from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 
     loaded = load_module_checkpoint(path)
     module = loaded.module.to(resolve_device(device))
@@ -96,7 +95,7 @@ def from_checkpoint(path: Path, *, device, batch_size: int, attentions: bool, so
 
 
 def from_export(directory: Path, *, device, batch_size: int, attentions: bool) -> TrainedModel:
-    from inference.prompt_encoder import PromptEncoder
+    from promptemb.inference.prompt_encoder import PromptEncoder
 
     exported = PromptEncoder.from_export(directory, batch_size=batch_size, device=str(resolve_device(device)))
     encoder = exported.encoder

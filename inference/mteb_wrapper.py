@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from inference.prompt_encoder import PromptEncoder
+from promptemb.inference.prompt_encoder import PromptEncoder
 
 
 def batch_texts(batch: Any) -> list[str]:

@@ -13,17 +13,16 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from common.errors import ConfigError, DataError
-from common.version import framework_version
-from encoder.inputs import InputForm
-from encoder.model import Encoder, resolve_device
-from encoder.template import Template
-from lightning_modules.heads import MLMTransformHead
-from lightning_modules.soft_template import SoftTemplate
-from poolers.base import Pooler
-from poolers.mask import MaskPooler
-from poolers.mean import MeanPooler
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.common.version import framework_version
+from promptemb.encoder.inputs import InputForm
+from promptemb.encoder.model import Encoder, resolve_device
+from promptemb.encoder.template import Template
+from promptemb.lightning_modules.heads import MLMTransformHead
+from promptemb.lightning_modules.soft_template import SoftTemplate
+from promptemb.poolers.base import Pooler
+from promptemb.poolers.mask import MaskPooler
+from promptemb.poolers.mean import MeanPooler
 
 FORMAT_VERSION = 1
 POOLERS = ("mask", "avg")
@@ -193,7 +192,7 @@ class PromptEncoder:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, base_model: str | None = None, **kwargs) -> PromptEncoder:
-        from lightning_modules.checkpoint import load_module_checkpoint
+        from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 
         loaded = load_module_checkpoint(path, base_model)
         source = {"checkpoint": str(Path(path).resolve()), "checkpoint_sha256": loaded.sha256,

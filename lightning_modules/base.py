@@ -14,18 +14,17 @@ from dataclasses import replace
 
 import pytorch_lightning as pl
 import torch
+from promptemb.common.errors import ConfigError, DivergenceError
+from promptemb.data.pretokenized import SentenceTokenization
+from promptemb.encoder.forward import concat_batches, max_input_length, run_transformer, template_biases
+from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
+from promptemb.encoder.model import Encoder, load_pretrained
+from promptemb.encoder.template import Template
+from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache
+from promptemb.lightning_modules.losses import info_nce, world_size
+from promptemb.lightning_modules.schedules import linear_warmup_decay
+from promptemb.poolers.base import Pooler
 from torch.optim.lr_scheduler import LRScheduler
-
-from common.errors import ConfigError, DivergenceError
-from data.pretokenized import SentenceTokenization
-from encoder.forward import concat_batches, max_input_length, run_transformer, template_biases
-from encoder.inputs import Batch, InputBuilder, InputForm, collate
-from encoder.model import Encoder, load_pretrained
-from encoder.template import Template
-from lightning_modules.grad_cache import GradCache, TemplateBiasCache
-from lightning_modules.losses import info_nce, world_size
-from lightning_modules.schedules import linear_warmup_decay
-from poolers.base import Pooler
 
 #: The optimiser and schedule when none is passed (configs/optimizer/adamw.yaml, configs/scheduler/linear.yaml).
 DEFAULT_OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0)
@@ -130,13 +129,13 @@ class PromptContrastiveModule(pl.LightningModule):
         return InputBuilder(self.tokenizer, form, self.max_length)
 
     def sentence_tokenization(self) -> SentenceTokenization:
-        """How training corpora may be pre-tokenized for this module (data.pretokenized): batches of the stored ids
+        """How training corpora may be pre-tokenized for this module (data/pretokenized.py): batches of the stored ids
         give exactly the inputs the raw sentences would."""
         return SentenceTokenization.for_builders(self.builders)
 
     def view_batch(self, sentences, builder: InputBuilder) -> Batch:
         """One templated view on the module's device, from raw sentences or from a pre-tokenized batch
-        ({"ids": [B, L], "lengths": [B]}, data.pretokenized)."""
+        ({"ids": [B, L], "lengths": [B]}, promptemb.data.pretokenized)."""
         if isinstance(sentences, Mapping):
             return builder.wrap_padded_ids(sentences["ids"].to(self.device), sentences["lengths"].to(self.device))
         return collate(builder.build(sentences), self.tokenizer.pad_token_id, self.tokenizer.mask_token_id

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from common.errors import ConfigError, DataError
+from promptemb.common.errors import ConfigError, DataError
 
 MODULE_CLASSES = {
-    "lightning_modules.promptbert.PromptBERTUnsup",
-    "lightning_modules.promptbert.PromptBERTSup",
-    "lightning_modules.optiprompt.OptiPrompt",
+    "promptemb.lightning_modules.promptbert.PromptBERTUnsup",
+    "promptemb.lightning_modules.promptbert.PromptBERTSup",
+    "promptemb.lightning_modules.optiprompt.OptiPrompt",
 }
 #: state-dict prefixes of weights older checkpoints carry but the modules no longer keep
 #: (PromptBERTSup held the whole *ForMaskedLM model as `mlm_model`, duplicating `transformer.*`)
@@ -78,6 +77,8 @@ def read_checkpoint(path: str | Path, argument: str = "ckpt") -> dict:
 
 def module_class_path(checkpoint: dict) -> str:
     recorded = checkpoint.get("promptemb_module")
+    if recorded and not recorded.startswith("promptemb."):  # written before the one-namespace package
+        recorded = f"promptemb.{recorded}"
     if recorded:
         if recorded not in MODULE_CLASSES:
             known = ", ".join(sorted(MODULE_CLASSES))
@@ -85,11 +86,11 @@ def module_class_path(checkpoint: dict) -> str:
         return recorded
     keys = checkpoint["state_dict"].keys()
     if any(key.startswith("soft_template.") for key in keys):
-        return "lightning_modules.optiprompt.OptiPrompt"
+        return "promptemb.lightning_modules.optiprompt.OptiPrompt"
     if any(key.startswith("head.") for key in keys):
-        return "lightning_modules.promptbert.PromptBERTSup"
+        return "promptemb.lightning_modules.promptbert.PromptBERTSup"
     if any(key.startswith("mlp.") for key in keys):
-        return "lightning_modules.promptbert.PromptBERTUnsup"
+        return "promptemb.lightning_modules.promptbert.PromptBERTUnsup"
     raise DataError("cannot tell which module wrote this checkpoint (no soft_template/head/mlp weights)")
 
 

@@ -32,8 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-
-from lightning_modules.losses import info_nce
+from promptemb.lightning_modules.losses import info_nce
 
 BiasCompute = Callable[[list, list[torch.Tensor]], list[dict[int, torch.Tensor]]]
 BiasStates = list[dict[int, torch.Tensor]]  # per view: layer -> [rows, D]

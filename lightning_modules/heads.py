@@ -22,7 +22,7 @@ class MLMTransformHead(nn.Module):
     """h -> LayerNorm(act(W h + b)): the transform of BERT's MLM head (PromptBERT's supervised head).
 
     Initialised from the checkpoint's MLM head (BERT's `cls.predictions.transform`, RoBERTa's `lm_head.dense` and
-    `lm_head.layer_norm`) when it has one: see `lightning_modules.base.mlm_transform_state`.
+    `lm_head.layer_norm`) when it has one: see `promptemb.lightning_modules.base.mlm_transform_state`.
     """
 
     def __init__(self, hidden_size: int, activation: str = "gelu", eps: float = 1e-12):

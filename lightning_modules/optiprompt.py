@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from lightning_modules.base import PromptContrastiveModule
-from lightning_modules.soft_template import SoftTemplate
-from poolers import build_pooler
-from poolers.base import Pooler
-from poolers.mask import MaskPooler
+from promptemb.lightning_modules.base import PromptContrastiveModule
+from promptemb.lightning_modules.soft_template import SoftTemplate
+from promptemb.poolers import build_pooler
+from promptemb.poolers.base import Pooler
+from promptemb.poolers.mask import MaskPooler
 
 
 class OptiPrompt(PromptContrastiveModule):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lightning_modules.base import PromptContrastiveModule
-from lightning_modules.heads import MLMTransformHead, MLPHead
-from poolers import build_pooler
-from poolers.base import Pooler
-from poolers.mask import MaskPooler
+from promptemb.lightning_modules.base import PromptContrastiveModule
+from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
+from promptemb.poolers import build_pooler
+from promptemb.poolers.base import Pooler
+from promptemb.poolers.mask import MaskPooler
 
 BERT_TEMPLATES = ('This sentence of "[X]" means [MASK] .', 'This sentence : "[X]" means [MASK] .')
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
+from promptemb.encoder.inputs import TEMPLATE, Batch
 from torch import nn
-
-from encoder.inputs import TEMPLATE, Batch
 
 
 class SoftTemplate(nn.Module):

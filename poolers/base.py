@@ -6,9 +6,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
-
-from common.errors import ConfigError
-from encoder.outputs import EncoderOutput
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.outputs import EncoderOutput
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,9 @@ Sentence Embeddings", Eq. 2-3)."""
 from __future__ import annotations
 
 import torch
-
-from common.errors import ConfigError
-from encoder.outputs import EncoderOutput
-from poolers.base import Needs, Pooler
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.outputs import EncoderOutput
+from promptemb.poolers.base import Needs, Pooler
 
 
 def attention_diagonals(attentions: tuple[torch.Tensor, ...]) -> torch.Tensor:

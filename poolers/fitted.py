@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.errors import ConfigError
-from poolers.base import Pooler
+from promptemb.common.errors import ConfigError
+from promptemb.poolers.base import Pooler
 
 
 class CorpusFittedPooler(Pooler):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from encoder.outputs import EncoderOutput
-from poolers.base import Needs, masked_mean, pooled_tokens, require_template_for
-from poolers.fitted import CorpusFittedPooler
+from promptemb.encoder.outputs import EncoderOutput
+from promptemb.poolers.base import Needs, masked_mean, pooled_tokens, require_template_for
+from promptemb.poolers.fitted import CorpusFittedPooler
 
 
 def document_frequencies(token_ids: list[list[int]], vocab_size: int) -> np.ndarray:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
+from promptemb.encoder.outputs import EncoderOutput, normalize_layer
+from promptemb.poolers.base import Needs, Pooler, masked_mean
 from torch import nn
-
-from encoder.outputs import EncoderOutput, normalize_layer
-from poolers.base import Needs, Pooler, masked_mean
 
 
 class MaskPooler(Pooler):

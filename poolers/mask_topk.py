@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-
-from common.errors import ConfigError
-from encoder.outputs import EncoderOutput
-from poolers.base import Needs, Pooler, masked_mean
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.outputs import EncoderOutput
+from promptemb.poolers.base import Needs, Pooler, masked_mean
 
 
 def decoder_matrix(mlm_head: torch.nn.Module, vocab_size: int) -> torch.Tensor:

@@ -5,20 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.errors import ConfigError
-from common.registry import build_named
-from poolers.base import Pooler
-from poolers.cls import CLSPooler
-from poolers.ditto import DittoPooler
-from poolers.idf import IdfPooler
-from poolers.mask import MaskPooler
-from poolers.mask_topk import MaskTopKPooler
-from poolers.mean import MeanPooler
-from poolers.random_embeddings import RandomEmbeddingPooler
-from poolers.remove_biases import RemoveBiasesPooler
-from poolers.sbert_wk import SBERTWKPooler
-from poolers.static import StaticPooler
-from poolers.token_average import TokenAveragePooler
+from promptemb.common.errors import ConfigError
+from promptemb.common.registry import build_named
+from promptemb.poolers.base import Pooler
+from promptemb.poolers.cls import CLSPooler
+from promptemb.poolers.ditto import DittoPooler
+from promptemb.poolers.idf import IdfPooler
+from promptemb.poolers.mask import MaskPooler
+from promptemb.poolers.mask_topk import MaskTopKPooler
+from promptemb.poolers.mean import MeanPooler
+from promptemb.poolers.random_embeddings import RandomEmbeddingPooler
+from promptemb.poolers.remove_biases import RemoveBiasesPooler
+from promptemb.poolers.sbert_wk import SBERTWKPooler
+from promptemb.poolers.static import StaticPooler
+from promptemb.poolers.token_average import TokenAveragePooler
 
 _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "cls": (CLSPooler, {}),

@@ -7,10 +7,9 @@ import unicodedata
 from collections.abc import Sequence
 
 import torch
-
-from common.errors import ConfigError
-from encoder.outputs import EncoderOutput
-from poolers.base import Needs, Pooler, masked_mean
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.outputs import EncoderOutput
+from promptemb.poolers.base import Needs, Pooler, masked_mean
 
 #: The 36 most frequent bert-base-uncased tokens of the reference (DESIGN.md §3).
 BERT_UNCASED_TOP36 = (

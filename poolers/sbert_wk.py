@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from common.errors import ConfigError
-from encoder.outputs import EncoderOutput, normalize_layer
-from poolers.base import Needs, Pooler
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.outputs import EncoderOutput, normalize_layer
+from promptemb.poolers.base import Needs, Pooler
 
 
 def window_layers(k: int, num_layers: int, window: int) -> list[int]:

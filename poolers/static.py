@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-
-from encoder.outputs import EncoderOutput
-from poolers.base import Needs, Pooler, masked_mean
+from promptemb.encoder.outputs import EncoderOutput
+from promptemb.poolers.base import Needs, Pooler, masked_mean
 
 
 class StaticPooler(Pooler):

@@ -8,13 +8,12 @@ import weakref
 from collections.abc import Sequence
 
 import torch
-
-from common.errors import ConfigError
-from encoder.inputs import InputForm, collate
-from encoder.outputs import EncoderOutput
-from evaluation.corpora import TARGET
-from poolers.base import Needs, masked_mean
-from poolers.fitted import CorpusFittedPooler
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.inputs import InputForm, collate
+from promptemb.encoder.outputs import EncoderOutput
+from promptemb.evaluation.corpora import TARGET
+from promptemb.poolers.base import Needs, masked_mean
+from promptemb.poolers.fitted import CorpusFittedPooler
 
 
 def token_state_table(encoder, sentences: Sequence[str], layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

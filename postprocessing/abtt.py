@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-
-from common.errors import ConfigError
-from postprocessing.base import PostProcessor, centered
+from promptemb.common.errors import ConfigError
+from promptemb.postprocessing.base import PostProcessor, centered
 
 
 class AllButTheTop(PostProcessor):

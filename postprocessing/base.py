@@ -5,8 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import numpy as np
-
-from common.errors import ConfigError
+from promptemb.common.errors import ConfigError
 
 
 class PostProcessor(ABC):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from promptemb.common.errors import ConfigError
+from promptemb.postprocessing.base import PostProcessor
 from sklearn.preprocessing import QuantileTransformer
-
-from common.errors import ConfigError
-from postprocessing.base import PostProcessor
 
 OUTPUT_DISTRIBUTIONS = ("uniform", "normal")
 

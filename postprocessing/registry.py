@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.errors import ConfigError
-from common.registry import build_named
-from postprocessing.abtt import AllButTheTop
-from postprocessing.base import PostProcessor
-from postprocessing.normalize import Normalize
-from postprocessing.quantile import QuantileUniform
-from postprocessing.whiten import Whiten
-from postprocessing.zscore import ZScore
+from promptemb.common.errors import ConfigError
+from promptemb.common.registry import build_named
+from promptemb.postprocessing.abtt import AllButTheTop
+from promptemb.postprocessing.base import PostProcessor
+from promptemb.postprocessing.normalize import Normalize
+from promptemb.postprocessing.quantile import QuantileUniform
+from promptemb.postprocessing.whiten import Whiten
+from promptemb.postprocessing.zscore import ZScore
 
 _REGISTRY: dict[str, tuple[type[PostProcessor], dict[str, Any]]] = {
     "quantile_u": (QuantileUniform, {}),

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from postprocessing.base import PostProcessor
+from promptemb.postprocessing.base import PostProcessor
 
 
 class ZScore(PostProcessor):

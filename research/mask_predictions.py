@@ -1,7 +1,7 @@
 """Interpretation: the top-k vocabulary tokens the MLM head predicts at the template's [MASK] for given sentences
 (what PromptBERT reads off its [MASK] representation).
 
-    python -m research.mask_predictions --model DIR_WITH_MLM_HEAD [--template '...'] [--top-k 10]
+    python -m promptemb.research.mask_predictions --model DIR_WITH_MLM_HEAD [--template '...'] [--top-k 10]
         (--sentences "a man is playing a guitar ." ... | --input FILE) [--output-dir results/research/mask_predictions]
 
 Needs a checkpoint with a trained masked-language-model head; a model without one (e.g. all-MiniLM-L6-v2) is refused
@@ -14,15 +14,14 @@ import argparse
 from pathlib import Path
 
 import torch
-
-from common.errors import ConfigError, exit_on_user_error
-from data.readers import read_sentences
-from encoder.model import Encoder
-from encoder.outputs import EncoderOutput
-from encoder.template import SENTENCE_RULES, Template
-from evaluation.report import software_versions, utc_timestamp
-from poolers.base import Needs, Pooler, masked_mean
-from research.outputs import markdown, write_outputs
+from promptemb.common.errors import ConfigError, exit_on_user_error
+from promptemb.data.readers import read_sentences
+from promptemb.encoder.model import Encoder
+from promptemb.encoder.outputs import EncoderOutput
+from promptemb.encoder.template import SENTENCE_RULES, Template
+from promptemb.evaluation.report import software_versions, utc_timestamp
+from promptemb.poolers.base import Needs, Pooler, masked_mean
+from promptemb.research.outputs import markdown, write_outputs
 
 DEFAULT_TEMPLATE = 'This sentence : "[X]" means [MASK] .'
 
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     if not sentences:
         raise ConfigError("no sentences given; pass --sentences ... or --input FILE")
     template = Template(args.template)
-    template.require_mask("research.mask_predictions")
+    template.require_mask("promptemb.research.mask_predictions")
     encoder = Encoder(args.model, mlm_head=True, progress=False)  # refuses checkpoints without an MLM head
     rows = predict(encoder, sentences, template, args.top_k, args.sentence_rule)
     record = {"predictions": rows, "provenance": {"model": encoder.describe(), "template": template.text,

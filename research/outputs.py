@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.io import atomic_write_json, atomic_write_text
-from evaluation.report import software_versions, utc_timestamp
+from promptemb.common.io import atomic_write_json, atomic_write_text
+from promptemb.evaluation.report import software_versions, utc_timestamp
 
 
 def provenance(encoder, group, **extra) -> dict:

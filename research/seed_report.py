@@ -1,7 +1,7 @@
 """Multi-seed report: every score of several runs that differ only in their seed, as mean ± std, min and max per
 task family, pooler and task, with each seed's own row kept.
 
-    python -m research.seed_report RUN_OR_SWEEP_DIR [...] [--output-dir DIR]
+    python -m promptemb.research.seed_report RUN_OR_SWEEP_DIR [...] [--output-dir DIR]
 
 A path is a run folder holding results.json (from train.py or evaluate.py) or a folder whose sub-folders are such
 runs (a `train.py -m ... seed=0,1,2` sweep folder). `train.py -m` writes this report into its sweep folder by itself
@@ -19,11 +19,11 @@ import json
 import statistics
 from pathlib import Path
 
-from common.errors import ConfigError, DataError, exit_on_user_error
-from common.io import atomic_write_json, atomic_write_text
-from evaluation.plots import TASK_ABBREVIATIONS
-from evaluation.report import FAMILY_REPORT, software_versions, utc_timestamp
-from research.plots import plot_seed_spread
+from promptemb.common.errors import ConfigError, DataError, exit_on_user_error
+from promptemb.common.io import atomic_write_json, atomic_write_text
+from promptemb.evaluation.plots import TASK_ABBREVIATIONS
+from promptemb.evaluation.report import FAMILY_REPORT, software_versions, utc_timestamp
+from promptemb.research.plots import plot_seed_spread
 
 RESULTS_FILE = "results.json"
 CURVE_FILE = "curve.json"

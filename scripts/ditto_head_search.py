@@ -17,15 +17,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
-
-from common.errors import exit_on_user_error
-from common.io import atomic_write, atomic_write_json
-from data.root import resolve_data_root
-from data.tasks import REGISTRY_FILE, get_tasks, load_registry
-from encoder.model import Encoder
-from evaluation.report import software_versions, utc_timestamp
-from evaluation.sts import SentenceIndex, load_and_index, score_task
-from poolers.ditto import DittoHeadGrid
+from promptemb.common.errors import exit_on_user_error
+from promptemb.common.io import atomic_write, atomic_write_json
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import REGISTRY_FILE, get_tasks, load_registry
+from promptemb.encoder.model import Encoder
+from promptemb.evaluation.report import software_versions, utc_timestamp
+from promptemb.evaluation.sts import SentenceIndex, load_and_index, score_task
+from promptemb.poolers.ditto import DittoHeadGrid
 
 
 def plot_heatmap(grid: np.ndarray, best: tuple[int, int], path: Path, title: str) -> None:

@@ -23,15 +23,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.io import atomic_write_json, atomic_write_text
-from data.root import resolve_data_root
-from data.tasks import get_tasks
-from evaluation.options import ScoringOptions
-from evaluation.report import software_versions
-from evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
-from exporting.runner import export_checkpoint
-from inference import load_encoder
-from lightning_modules.checkpoint import load_module_checkpoint
+from promptemb.common.io import atomic_write_json, atomic_write_text
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import get_tasks
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.report import software_versions
+from promptemb.evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
+from promptemb.exporting.runner import export_checkpoint
+from promptemb.inference import load_encoder
+from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lightning_modules.losses import info_nce, world_size
+from promptemb.lightning_modules.losses import info_nce, world_size
 
 
 def make_problem():

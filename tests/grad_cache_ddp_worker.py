@@ -9,8 +9,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lightning_modules.losses import world_size
-from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
+from promptemb.lightning_modules.losses import world_size
+from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
+
 from tests.test_grad_cache import SENTENCES, TRIPLETS
 
 

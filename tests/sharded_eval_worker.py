@@ -1,5 +1,5 @@
 """Run by test_sharded_evaluation.py in separate processes: STS-B dev scored by one process, or by 2 gloo ranks each
-encoding a share of the batches (`encoder.model.Shard`)."""
+encoding a share of the batches (`promptemb.encoder.model.Shard`)."""
 
 import os
 import sys
@@ -10,12 +10,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from data.tasks import get_tasks
-from encoder.model import Encoder, Shard
-from encoder.template import Template
-from evaluation.options import ScoringOptions
-from evaluation.sts import evaluate_sts
-from poolers import build_poolers
+from promptemb.data.tasks import get_tasks
+from promptemb.encoder.model import Encoder, Shard
+from promptemb.encoder.template import Template
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.sts import evaluate_sts
+from promptemb.poolers import build_poolers
 
 SENTENCES = [f"sentence number {i} " + "word " * (i % 7) for i in range(23)]  # 23 rows, batches of 4: 6 batches
 

@@ -4,8 +4,7 @@ import math
 
 import numpy as np
 import pytest
-
-from evaluation.analysis import alignment, anisotropy, isoscore, random_pairs, uniformity
+from promptemb.evaluation.analysis import alignment, anisotropy, isoscore, random_pairs, uniformity
 
 
 def test_isoscore_extremes_and_rotation_invariance():

@@ -1,10 +1,9 @@
-"""common.io: results appear whole or not at all, with the modes a plain write would give."""
+"""promptemb.common.io: results appear whole or not at all, with the modes a plain write would give."""
 
 import os
 
 import pytest
-
-from common.io import atomic_write, atomic_write_json, umask_mode
+from promptemb.common.io import atomic_write, atomic_write_json, umask_mode
 
 
 def current_umask() -> int:

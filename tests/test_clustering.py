@@ -8,13 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sklearn.cluster import KMeans
-from threadpoolctl import threadpool_limits
-
-from common.errors import ConfigError, DataError
-from data.labeled import read_clustering
-from data.tasks import TASK_GROUPS, TaskSpec, get_tasks, load_registry
-from evaluation.clustering import (
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.labeled import read_clustering
+from promptemb.data.tasks import TASK_GROUPS, TaskSpec, get_tasks, load_registry
+from promptemb.evaluation.clustering import (
     ClusteringConfig,
     PlusPlusSeeder,
     evaluate_clustering,
@@ -24,6 +21,8 @@ from evaluation.clustering import (
     same_partition,
     seeder_for,
 )
+from sklearn.cluster import KMeans
+from threadpoolctl import threadpool_limits
 
 
 def brute_force_accuracy(predicted: np.ndarray, gold: np.ndarray) -> float:

@@ -2,11 +2,10 @@
 
 import pytest
 import torch
+from promptemb.encoder.forward import position_base, template_bias, template_only_batch
+from promptemb.encoder.inputs import InputBuilder, InputForm, collate
+from promptemb.encoder.template import Template
 from transformers import AutoModel, AutoTokenizer, RobertaConfig, RobertaModel
-
-from encoder.forward import position_base, template_bias, template_only_batch
-from encoder.inputs import InputBuilder, InputForm, collate
-from encoder.template import Template
 
 PROMPTS = ['This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] [MASK] .']
 
@@ -61,7 +60,7 @@ def test_roberta_positions_start_after_padding_idx(tiny_bert):
 
 
 def test_gradients_flow_through_bias_unless_frozen(tiny_bert):
-    from lightning_modules.promptbert import PromptBERTUnsup
+    from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 
     sentences = ["a cat sits", "two dogs run in the park"]
     grads = {}
@@ -78,7 +77,7 @@ def test_gradients_flow_through_bias_unless_frozen(tiny_bert):
 
 
 def test_biases_of_several_templates_in_one_forward_equal_separate_ones(tiny_bert):
-    from encoder.forward import template_biases
+    from promptemb.encoder.forward import template_biases
 
     model = AutoModel.from_pretrained(tiny_bert).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
@@ -96,7 +95,7 @@ def test_biases_of_several_templates_in_one_forward_equal_separate_ones(tiny_ber
 def test_two_views_in_one_forward_equal_one_forward_per_view(tiny_bert, denoise):
     """pooled_views runs every view's sentences in ONE forward (+ one bias forward when denoising); the rows are
     those of a forward per view (eval mode: no dropout), padding to the wider view changes nothing."""
-    from lightning_modules.promptbert import PromptBERTUnsup
+    from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 
     module = PromptBERTUnsup(str(tiny_bert), denoise=denoise).eval()
     sentences = ["a cat sits", "two dogs run in the park today", "ok"]

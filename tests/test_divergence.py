@@ -9,13 +9,13 @@ import math
 
 import pytest
 import torch
+from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
+from promptemb.common.errors import DivergenceError
+from promptemb.common.io import atomic_write_json
+from promptemb.training.runner import train
 
-from callbacks.sts_evaluation import STSEvaluationCallback
-from common.errors import DivergenceError
-from common.io import atomic_write_json
 from tests.test_resume import overrides, train_py
 from tests.test_train import compose_train, tiny_overrides
-from training.runner import train
 
 POISON = "+callbacks.poison._target_=tests.helpers.PoisonWeights"
 
@@ -156,7 +156,7 @@ def test_optuna_search_records_the_failed_trial_and_goes_on(tiny_bert, real_data
 def test_progress_bar_total_follows_max_steps(epoch_batches, max_steps, global_step, done, expected):
     from types import SimpleNamespace
 
-    from training.progress import StepBoundedProgressBar
+    from promptemb.training.progress import StepBoundedProgressBar
 
     progress = SimpleNamespace(current=SimpleNamespace(ready=done))
     trainer = SimpleNamespace(num_training_batches=epoch_batches, max_steps=max_steps, global_step=global_step,

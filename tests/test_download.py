@@ -7,12 +7,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from common.errors import DataError
-from data.checksums import count_lines
-from data.datamodules import TextLinesDataModule
-from data.download import fetch, install_senteval, load_source, main
-from data.tasks import load_registry
+from promptemb.common.errors import DataError
+from promptemb.data.checksums import count_lines
+from promptemb.data.datamodules import TextLinesDataModule
+from promptemb.data.download import fetch, install_senteval, load_source, main
+from promptemb.data.tasks import load_registry
 
 
 class FakeHub:
@@ -100,7 +99,7 @@ def test_training_corpus_download_goes_through_the_hub(hub, tmp_path, monkeypatc
     corpus = tmp_path / "wiki1m_for_simcse.txt"
     corpus.write_text("".join(f"sentence {i}\n" for i in range(10)))
     hub({"wiki1m_for_simcse.txt": corpus})
-    monkeypatch.setattr("data.datamodules.load_source",
+    monkeypatch.setattr("promptemb.data.datamodules.load_source",
                         lambda name: {**load_source(name), "lines": 10, "sha256": None})
     module = TextLinesDataModule(files=["wiki1m_for_simcse.txt"], download="wiki1m", cache_dir=str(tmp_path / "c"),
                                  batch_size=2, data_root=str(tmp_path))

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.inputs import InputForm
+from promptemb.encoder.model import Encoder, resolve_model_path
+from promptemb.encoder.outputs import EncoderOutput
+from promptemb.poolers.base import Needs, Pooler
 from transformers import AutoModel, BertForMaskedLM
 
-from common.errors import ConfigError
-from encoder.inputs import InputForm
-from encoder.model import Encoder, resolve_model_path
-from encoder.outputs import EncoderOutput
-from poolers.base import Needs, Pooler
 from tests.helpers import MINILM
 
 
@@ -54,7 +54,7 @@ def test_attentions_only_when_asked(tiny_bert):
 
 
 def _batch(encoder):
-    from encoder.inputs import collate
+    from promptemb.encoder.inputs import collate
 
     items = encoder.input_builder(InputForm()).build(["a cat"])
     return collate(items, encoder.tokenizer.pad_token_id, encoder.tokenizer.mask_token_id)
@@ -79,7 +79,7 @@ def test_checkpoint_without_mlm_head_is_refused():
 
 
 def test_only_word_embeddings_skip_the_transformer(tiny_bert):
-    from poolers import build_pooler
+    from promptemb.poolers import build_pooler
 
     encoder = Encoder(str(tiny_bert), progress=False)
     encoder.embed(["a cat", "a dog"], [build_pooler("static")])
@@ -99,8 +99,8 @@ def test_package_model_resolution_and_errors(tmp_path):
 def test_empty_sentence_is_cls_sep_and_template(tiny_bert):
     """SentEval embeds a blank line as the empty sentence: [CLS] [SEP] (plain) or [CLS] template [SEP], in a batch with
     longer sentences; every pooler stays finite (no division by an empty sentence)."""
-    from encoder.template import Template
-    from poolers import build_poolers
+    from promptemb.encoder.template import Template
+    from promptemb.poolers import build_poolers
 
     encoder = Encoder(str(tiny_bert), progress=False)
     template = Template('This sentence : "[X]" means [MASK] .')

@@ -18,21 +18,21 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.tasks import get_tasks
+from promptemb.encoder.template import Template
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.sts import evaluate_sts
+from promptemb.exporting.hf_export import write_hf_directory
+from promptemb.exporting.runner import export_checkpoint
+from promptemb.exporting.st_export import write_sentence_transformers_files
+from promptemb.inference import PromptEncoder, load_encoder
+from promptemb.lightning_modules.checkpoint import load_module_checkpoint
+from promptemb.lightning_modules.optiprompt import OptiPrompt
+from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
+from promptemb.training.runner import train
 
-from common.errors import ConfigError, DataError
-from data.tasks import get_tasks
-from encoder.template import Template
-from evaluation.options import ScoringOptions
-from evaluation.sts import evaluate_sts
-from exporting.hf_export import write_hf_directory
-from exporting.runner import export_checkpoint
-from exporting.st_export import write_sentence_transformers_files
-from inference import PromptEncoder, load_encoder
-from lightning_modules.checkpoint import load_module_checkpoint
-from lightning_modules.optiprompt import OptiPrompt
-from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from tests.conftest import REPO
-from training.runner import train
 
 TOL = 1e-5
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
@@ -270,7 +270,7 @@ def test_supervised_checkpoint_has_no_mlm_model_and_legacy_ones_still_load(check
     ckpt = checkpoints["quickstart_sup"]
     saved = torch.load(ckpt, weights_only=True)
     assert not [k for k in saved["state_dict"] if k.startswith("mlm_model.")]
-    assert saved["promptemb_module"] == "lightning_modules.promptbert.PromptBERTSup"
+    assert saved["promptemb_module"] == "promptemb.lightning_modules.promptbert.PromptBERTSup"
     assert {k.split(".")[0] for k in saved["state_dict"]} == {"transformer", "head"}
     # a checkpoint written before the fix: duplicate `mlm_model.*` keys (decoder included), no class record
     legacy = dict(saved)
@@ -333,9 +333,9 @@ def test_api_errors(tmp_path):
 def test_mteb_wrapper_on_mteb_mock_sts_task(tiny_bert):
     mteb = pytest.importorskip("mteb")
     from mteb.mocks.mock_tasks.sts import MockSTSTask
+    from promptemb.evaluation.sts import cosine_rows, spearman_x100
+    from promptemb.inference.mteb_wrapper import MTEBEncoder
 
-    from evaluation.sts import cosine_rows, spearman_x100
-    from inference.mteb_wrapper import MTEBEncoder
     from tests.helpers import STS_A, STS_B
 
     rows = [row for row in STS_A + STS_B if row[2]]

@@ -2,15 +2,14 @@
 
 import numpy as np
 import pytest
-
-from common.errors import ConfigError, DataError
-from data.tasks import get_tasks, load_registry
-from encoder.model import Encoder
-from evaluation.corpora import Corpora
-from evaluation.options import ScoringOptions
-from evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
-from poolers import build_poolers
-from postprocessing import build_post, build_posts
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.tasks import get_tasks, load_registry
+from promptemb.encoder.model import Encoder
+from promptemb.evaluation.corpora import Corpora
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
+from promptemb.poolers import build_poolers
+from promptemb.postprocessing import build_post, build_posts
 
 TASKS = ["MINI12", "MINI-B", "MINI-SICK"]
 
@@ -84,7 +83,7 @@ def test_fit_corpus_errors(mini_data, encoder):
 
 
 def test_stsb_train_corpus_on_real_data(real_data_root):
-    from data.tasks import load_registry as real
+    from promptemb.data.tasks import load_registry as real
 
     sentences = Corpora(real_data_root, real()).sentences("stsb_train")
     assert 10000 < len(sentences) <= 2 * 5749 and len(set(sentences)) == len(sentences)

@@ -10,13 +10,13 @@ import sys
 import pytest
 import pytorch_lightning as pl
 import torch
+from promptemb.lightning_modules.base import NonFiniteLossError
+from promptemb.lightning_modules.grad_cache import RngState, TemplateBiasCache, split_batch
+from promptemb.lightning_modules.losses import info_nce
+from promptemb.lightning_modules.optiprompt import OptiPrompt
+from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from torch.utils.data import DataLoader
 
-from lightning_modules.base import NonFiniteLossError
-from lightning_modules.grad_cache import RngState, TemplateBiasCache, split_batch
-from lightning_modules.losses import info_nce
-from lightning_modules.optiprompt import OptiPrompt
-from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from tests.conftest import REPO
 from tests.helpers import save_tiny_bert
 from tests.test_ddp import free_port
@@ -116,7 +116,7 @@ def test_grad_cache_replays_dropout(tiny_bert_dropout, kind, batch):
 
 def test_grad_cache_bias_forwards_cover_each_length_once(tiny_bert):
     module = make("unsup", tiny_bert, grad_cache_chunk_size=3)
-    from lightning_modules.grad_cache import GradCache
+    from promptemb.lightning_modules.grad_cache import GradCache
 
     step = GradCache(module, 3)
     step.loss(SENTENCES)
@@ -168,7 +168,7 @@ def test_lightning_step_with_grad_cache_equals_the_plain_step(tiny_bert, kind):
 
 
 def test_non_finite_loss_stops_before_pass_two_and_the_optimiser_step(tiny_bert, monkeypatch):
-    import lightning_modules.grad_cache as grad_cache
+    import promptemb.lightning_modules.grad_cache as grad_cache
 
     monkeypatch.setattr(grad_cache, "info_nce", lambda *args, **kwargs: torch.tensor(float("nan"),
                                                                                    requires_grad=True))

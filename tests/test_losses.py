@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from lightning_modules.losses import info_nce
+from promptemb.lightning_modules.losses import info_nce
 
 
 def hand_info_nce(anchors, positives, temperature, negatives=None):

@@ -1,10 +1,9 @@
 """OptiPrompt: only the soft template trains; it is placed by offset even when the sentence repeats template words."""
 
 import torch
-
-from encoder.inputs import SENTENCE, TEMPLATE, collate
-from lightning_modules.losses import info_nce
-from lightning_modules.optiprompt import OptiPrompt
+from promptemb.encoder.inputs import SENTENCE, TEMPLATE, collate
+from promptemb.lightning_modules.losses import info_nce
+from promptemb.lightning_modules.optiprompt import OptiPrompt
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 
@@ -53,8 +52,8 @@ def test_only_the_soft_template_changes(tiny_bert):
 
 
 def test_evaluation_encoder_uses_the_soft_template(tiny_bert):
-    from encoder.template import Template
-    from poolers.mask import MaskPooler
+    from promptemb.encoder.template import Template
+    from promptemb.poolers.mask import MaskPooler
 
     module = OptiPrompt(str(tiny_bert), template=PROMPT).eval()
     with torch.no_grad():

@@ -7,16 +7,16 @@ import math
 import numpy as np
 import pytest
 import torch
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.model import Encoder
+from promptemb.encoder.template import Template
+from promptemb.evaluation.sts import pearson_x100
+from promptemb.poolers import build_pooler
+from promptemb.poolers.remove_biases import BERT_UNCASED_TOP36
+from promptemb.postprocessing import build_post
 from scipy.stats import norm
 from sklearn.preprocessing import QuantileTransformer
 
-from common.errors import ConfigError
-from encoder.model import Encoder
-from encoder.template import Template
-from evaluation.sts import pearson_x100
-from poolers import build_pooler
-from poolers.remove_biases import BERT_UNCASED_TOP36
-from postprocessing import build_post
 from tests.helpers import reference_runner
 from tests.oracles import sbert_wk_sentence_loop
 

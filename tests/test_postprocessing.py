@@ -2,10 +2,9 @@
 
 import numpy as np
 import pytest
+from promptemb.common.errors import ConfigError
+from promptemb.postprocessing import POST_NAMES, build_post, build_posts
 from sklearn.preprocessing import QuantileTransformer
-
-from common.errors import ConfigError
-from postprocessing import POST_NAMES, build_post, build_posts
 
 
 @pytest.fixture()

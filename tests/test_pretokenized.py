@@ -9,13 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from promptemb.data.datamodules import TextLinesDataModule, TripletDataModule
+from promptemb.data.pretokenized import (
+    PretokenizedExamples,
+    SentenceTokenization,
+    pad_sentence_ids,
+    pretokenized_corpus,
+)
+from promptemb.data.sampling import DataPosition, EpochSampler
+from promptemb.encoder.inputs import InputBuilder, InputForm, collate
+from promptemb.encoder.template import Template
+from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 
-from data.datamodules import TextLinesDataModule, TripletDataModule
-from data.pretokenized import PretokenizedExamples, SentenceTokenization, pad_sentence_ids, pretokenized_corpus
-from data.sampling import DataPosition, EpochSampler
-from encoder.inputs import InputBuilder, InputForm, collate
-from encoder.template import Template
-from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from tests.test_grad_cache import TRIPLETS
 
 SENTENCES = ["A man plays a guitar", "short", "two dogs run in a field while a plane lands at night and the "
@@ -37,7 +42,7 @@ def assert_same_batch(got, want) -> None:
 def test_wrapped_ids_equal_the_on_the_fly_inputs(model, template, rule, request):
     """Stored ids (cut to max+1), padded by the loader's collate and wrapped on the device, equal
     collate(build(sentences)) token for token, truncation included."""
-    from encoder.model import load_pretrained
+    from promptemb.encoder.model import load_pretrained
 
     tokenizer = load_pretrained(str(request.getfixturevalue(model)))[0]
     for max_tokens in (None, 4):
@@ -107,7 +112,7 @@ def test_triplets_pretokenized_give_the_same_views(tiny_bert, tmp_path):
 
 
 def test_cache_is_reused_and_keyed_by_what_the_ids_depend_on(tiny_bert, tmp_path):
-    from encoder.model import load_pretrained
+    from promptemb.encoder.model import load_pretrained
 
     tokenizer = load_pretrained(str(tiny_bert))[0]
     form = InputForm(Template(TEMPLATES[0]), "none", 8)

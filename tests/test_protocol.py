@@ -5,17 +5,17 @@ import math
 
 import numpy as np
 import pytest
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.checksums import verify_file
+from promptemb.data.readers import read_sick, read_sts_subset, read_stsb
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import STS_SUITE, get_tasks, load_registry
+from promptemb.encoder.model import Encoder
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.sts import SentenceIndex, evaluate_sts, spearman_x100
+from promptemb.poolers import build_poolers
 from scipy.stats import spearmanr
 
-from common.errors import ConfigError, DataError
-from data.checksums import verify_file
-from data.readers import read_sick, read_sts_subset, read_stsb
-from data.root import resolve_data_root
-from data.tasks import STS_SUITE, get_tasks, load_registry
-from encoder.model import Encoder
-from evaluation.options import ScoringOptions
-from evaluation.sts import SentenceIndex, evaluate_sts, spearman_x100
-from poolers import build_poolers
 from tests.helpers import STS_A, STS_B
 
 
@@ -106,7 +106,7 @@ def test_truncated_sentences_are_counted_and_reported_once_per_task(mini_data, t
     tasks = get_tasks(["MINI12", "MINI-B"], load_registry(registry))
     encoder = Encoder(str(tiny_bert), progress=False)
     limit = 5
-    caplog.set_level(logging.WARNING, logger="evaluation.sts")
+    caplog.set_level(logging.WARNING, logger="promptemb.evaluation.sts")
     result = evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), ScoringOptions(max_sentence_tokens=limit))
     for spec in tasks:
         pairs = spec.load(root)

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.research import expected_scores
 
-from common.errors import ConfigError, DataError
-from research import expected_scores
 from tests.conftest import REPO
 
 RESULTS = {"provenance": {"model": {"best_dev": 82.0}},
@@ -39,7 +39,8 @@ def test_compare_flags_exactly_the_scores_outside_the_band():
 
 def test_cli_exit_status(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(RESULTS))
-    proc = subprocess.run([sys.executable, "-m", "research.expected_scores", "promptbert_unsup", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "promptemb.research.expected_scores", "promptbert_unsup",
+                           str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2  # a GPU recipe: nothing pinned
     assert proc.stderr.strip().splitlines() == ["error: experiment 'promptbert_unsup' pins no expected_scores; "
@@ -53,7 +54,8 @@ def test_cli_exit_status(tmp_path):
     families["sts"]["scores"]["mask"]["avg"] = pinned["sts/mask/avg"] - 0.6  # the one score out of band
     record = {"provenance": {"model": {"best_dev": pinned["best_dev"]}}, "families": families}
     (tmp_path / "results.json").write_text(json.dumps(record))
-    proc = subprocess.run([sys.executable, "-m", "research.expected_scores", "quickstart_unsup", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "promptemb.research.expected_scores", "quickstart_unsup",
+                           str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stdout.count("OUT OF BAND") == 1 and "| sts/mask/avg |" in proc.stdout

@@ -3,17 +3,16 @@
 import json
 
 import pytest
-
-from common.errors import ConfigError
-from data.tasks import get_tasks, load_registry
-from encoder.model import Encoder
-from encoder.template import Template
-from evaluation.corpora import Corpora
-from evaluation.options import ScoringOptions
-from evaluation.sts import evaluate_sts
-from poolers import build_pooler
-from research import layer_sweep
-from research.task_groups import StsTaskGroup, build_task_group
+from promptemb.common.errors import ConfigError
+from promptemb.data.tasks import get_tasks, load_registry
+from promptemb.encoder.model import Encoder
+from promptemb.encoder.template import Template
+from promptemb.evaluation.corpora import Corpora
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.sts import evaluate_sts
+from promptemb.poolers import build_pooler
+from promptemb.research import layer_sweep
+from promptemb.research.task_groups import StsTaskGroup, build_task_group
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 

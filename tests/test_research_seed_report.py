@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 import pytest
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.research import seed_report
 
-from common.errors import ConfigError, DataError
-from research import seed_report
 from tests.conftest import REPO
 
 TASKS = ("STS12", "STSBenchmark")
@@ -102,7 +102,7 @@ def test_runs_that_differ_in_more_than_the_seed_are_refused(tmp_path):
 
 
 def test_cli_bad_input_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "research.seed_report", str(tmp_path / "missing")], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "promptemb.research.seed_report", str(tmp_path / "missing")], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing'} does not exist; pass run folders or "

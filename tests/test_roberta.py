@@ -8,20 +8,20 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from promptemb.encoder.forward import position_base
+from promptemb.encoder.model import Encoder
+from promptemb.exporting.runner import export_checkpoint
+from promptemb.inference import load_encoder
+from promptemb.lightning_modules.checkpoint import load_module_checkpoint
+from promptemb.poolers.remove_biases import RemoveBiasesPooler
+from promptemb.training.runner import build_module
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, RobertaForMaskedLM
 
-from encoder.forward import position_base
-from encoder.model import Encoder
-from exporting.runner import export_checkpoint
-from inference import load_encoder
-from lightning_modules.checkpoint import load_module_checkpoint
-from poolers.remove_biases import RemoveBiasesPooler
 from tests.test_denoising import direct_bias
 from tests.test_export import SENTENCES, TOL, framework_embeddings, sentence_transformer
 from tests.test_grad_cache import TRIPLETS
 from tests.test_train import compose_train
-from training.runner import build_module
 
 RECIPES = ["promptbert_unsup_roberta", "promptbert_sup_roberta", "optiprompt_roberta"]
 

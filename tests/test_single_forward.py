@@ -2,12 +2,12 @@
 
 from collections import Counter
 
-from data.tasks import get_tasks, load_registry
-from encoder.model import Encoder
-from encoder.template import Template
-from evaluation.options import ScoringOptions
-from evaluation.sts import evaluate_sts
-from poolers import build_poolers
+from promptemb.data.tasks import get_tasks, load_registry
+from promptemb.encoder.model import Encoder
+from promptemb.encoder.template import Template
+from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.sts import evaluate_sts
+from promptemb.poolers import build_poolers
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 

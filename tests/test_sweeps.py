@@ -11,12 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from common.errors import ConfigError
-from tests.conftest import REPO
-from tests.test_train import WIKI_SAMPLE
-from tests.wandb_offline import read_run
-from training.sweeps import (
+from promptemb.common.errors import ConfigError
+from promptemb.training.sweeps import (
     _wandb_sweep_utils,
     agent_command,
     load_sweep,
@@ -24,6 +20,10 @@ from training.sweeps import (
     sample_parameter,
     validate_sweep,
 )
+
+from tests.conftest import REPO
+from tests.test_train import WIKI_SAMPLE
+from tests.wandb_offline import read_run
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 
@@ -125,7 +125,8 @@ def test_unknown_parameter_is_named(bad_sweep, tmp_path):
 @pytest.mark.slow
 def test_unknown_parameter_one_line_from_the_checker_and_from_train_py(bad_sweep, tmp_path):
     env = subprocess_env(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "training.sweeps", "check", str(bad_sweep)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "promptemb.training.sweeps", "check", str(bad_sweep)], cwd=REPO,
+                          env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: sweep {bad_sweep}: parameter (experiment=promptbert_unsup) "

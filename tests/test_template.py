@@ -1,12 +1,12 @@
 """Token-level templating: layout, roles, truncation of the sentence only, multi-[MASK], sentence rules, errors."""
 
 import pytest
+from promptemb.common.errors import ConfigError
+from promptemb.encoder.inputs import PAD, SENTENCE, SPECIAL, TEMPLATE, InputBuilder, InputForm, collate
+from promptemb.encoder.model import resolve_model_path
+from promptemb.encoder.template import Template, apply_sentence_rule
 from transformers import AutoTokenizer
 
-from common.errors import ConfigError
-from encoder.inputs import PAD, SENTENCE, SPECIAL, TEMPLATE, InputBuilder, InputForm, collate
-from encoder.model import resolve_model_path
-from encoder.template import Template, apply_sentence_rule
 from tests.helpers import MINILM
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
@@ -122,7 +122,7 @@ def test_mask_required_error():
 
 
 def test_exported_module_applies_the_same_sentence_rules():
-    from exporting.st_module import apply_sentence_rule as exported_rule
+    from promptemb.exporting.st_module import apply_sentence_rule as exported_rule
 
     sentences = ["a cat", "is it?", 'he said "hi"', 'he said "hi', "it's 'ok'", "end.", ""]
     for rule in ("none", "append_period", "promptbert"):

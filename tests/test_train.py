@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.corpora import read_nli_csv, read_text_lines, sick_triplets
+from promptemb.data.datamodules import TextLinesDataModule
+from promptemb.lightning_modules.base import NonFiniteLossError
+from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
+from promptemb.training.runner import best_dev_score, check_experiment_overrides, experiment_names, train
 
-from common.errors import ConfigError, DataError
-from data.corpora import read_nli_csv, read_text_lines, sick_triplets
-from data.datamodules import TextLinesDataModule
-from lightning_modules.base import NonFiniteLossError
-from lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from tests.conftest import REPO
-from training.runner import best_dev_score, check_experiment_overrides, experiment_names, train
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
 
@@ -127,7 +127,7 @@ def test_resume_from_missing_or_corrupt_checkpoint_is_one_line_error(content, me
 
 def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tiny_bert, real_data_root, tmp_path,
                                                                          nli_csv, monkeypatch):
-    import lightning_modules.base as base_module
+    import promptemb.lightning_modules.base as base_module
 
     real, calls = base_module.info_nce, {"n": 0}
 
@@ -378,7 +378,7 @@ def test_fit_end_scores_the_best_checkpoint_safely_and_restores_the_live_weights
     keeps the weights it was trained to."""
     from types import SimpleNamespace
 
-    from callbacks.sts_evaluation import STSEvaluationCallback
+    from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 
     module = PromptBERTUnsup(str(tiny_bert))
     live = {name: tensor.clone() for name, tensor in module.state_dict().items()}
@@ -420,8 +420,9 @@ def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(ti
     final/<family>/<pooler>/<task>, as the STS ones are logged under final/sts/..."""
     from types import SimpleNamespace
 
-    import callbacks.sts_evaluation as sts_evaluation
-    from evaluation.wandb_tables import sts_table_rows
+    import promptemb.callbacks.sts_evaluation as sts_evaluation
+    from promptemb.evaluation.wandb_tables import sts_table_rows
+
     from tests.test_transfer import write_mini_labeled
 
     root, registry = mini_data

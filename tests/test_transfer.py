@@ -7,10 +7,8 @@ import copy
 import numpy as np
 import pytest
 import torch
-from sklearn.model_selection import StratifiedKFold
-
-from common.errors import DataError
-from evaluation.transfer import (
+from promptemb.common.errors import DataError
+from promptemb.evaluation.transfer import (
     ClassifierConfig,
     TransferData,
     evaluate_transfer,
@@ -23,6 +21,7 @@ from evaluation.transfer import (
     probe_with_holdout,
     split,
 )
+from sklearn.model_selection import StratifiedKFold
 
 TINY = ClassifierConfig(kfold=3, batch_size=8, tenacity=2, epoch_size=2, max_epoch=8, l2_grid=(1e-4, 1e-1))
 
@@ -190,7 +189,7 @@ def test_bad_input():
 def test_binary_reader_keeps_blank_lines_in_senteval_order(tmp_path):
     """A blank line is an example with the empty sentence, as SentEval's loader reads it (`line.split()` per line of
     `splitlines()`), then everything in SentEval's stable (token count, label) order."""
-    from data.labeled import read_binary
+    from promptemb.data.labeled import read_binary
 
     pos, neg = tmp_path / "x.pos", tmp_path / "x.neg"
     pos.write_bytes(b"good  film\n\nfine\n \ngreat movie !\n")
@@ -243,8 +242,9 @@ def write_mini_labeled(root, registry_path) -> None:
 def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     import json
 
-    from encoder.model import Encoder
-    from poolers import build_poolers
+    from promptemb.encoder.model import Encoder
+    from promptemb.poolers import build_poolers
+
     from tests.test_evaluate_cli import evaluate
 
     root, registry = mini_data
@@ -268,8 +268,8 @@ def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     assert "## STS" in md and "## SentEval transfer" in md and "## Short-text clustering" in md
 
     # the transfer score is the library evaluator's on the library encoder's embeddings
-    from data.tasks import load_registry
-    from evaluation.transfer import ClassifierConfig, TransferData, evaluate_transfer
+    from promptemb.data.tasks import load_registry
+    from promptemb.evaluation.transfer import ClassifierConfig, TransferData, evaluate_transfer
 
     spec = load_registry(registry)["MINITR"]
     split = spec.load_labeled(root)["all"]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.common.validation import check_evaluate_config, check_train_config, check_value, describe
 
-from common.errors import ConfigError, DataError
-from common.validation import check_evaluate_config, check_train_config, check_value, describe
 from tests.conftest import REPO
 from tests.test_train import WIKI_SAMPLE, compose_train
 

@@ -8,17 +8,17 @@ import sys
 
 import pytest
 import torch
+from promptemb.common.errors import ConfigError
+from promptemb.evaluation.wandb_tables import log_sts_tables, sts_table_rows
+from promptemb.lightning_modules.checkpoint import read_checkpoint
+from promptemb.training.csv_logger import ResumableCSVLogger
+from promptemb.training.loggers import NO_CREDENTIALS, build_loggers, wandb_run_id
+from promptemb.training.runner import train
 from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
-from common.errors import ConfigError
-from evaluation.wandb_tables import log_sts_tables, sts_table_rows
-from lightning_modules.checkpoint import read_checkpoint
 from tests.conftest import REPO
 from tests.test_train import compose_train, tiny_overrides
 from tests.wandb_offline import read_run
-from training.csv_logger import ResumableCSVLogger
-from training.loggers import NO_CREDENTIALS, build_loggers, wandb_run_id
-from training.runner import train
 
 
 @pytest.fixture()

@@ -16,15 +16,14 @@ import os
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from promptemb.common.errors import ConfigError
+from promptemb.common.optional import require
 from pytorch_lightning.loggers import Logger, WandbLogger
-
-from common.errors import ConfigError
-from common.optional import require
 
 log = logging.getLogger(__name__)
 
 WANDB_TARGET = "pytorch_lightning.loggers.WandbLogger"
-RESUMABLE_CSV_TARGET = "training.csv_logger.ResumableCSVLogger"
+RESUMABLE_CSV_TARGET = "promptemb.training.csv_logger.ResumableCSVLogger"
 WANDB_MODES = ("online", "offline", "disabled")
 CHECKPOINT_KEY = "wandb"  # checkpoint["wandb"] = {"run_id": ..., "project": ...}
 NO_CREDENTIALS = ("W&B online logging needs credentials: run `wandb login` or set WANDB_API_KEY, "

@@ -16,11 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-
-from common.errors import ConfigError
-from common.io import atomic_write_json
-from common.optional import require
-from training.trials import COMPLETED, exit_if_failed, run_trial, summarise, task_overrides
+from promptemb.common.errors import ConfigError
+from promptemb.common.io import atomic_write_json
+from promptemb.common.optional import require
+from promptemb.training.trials import COMPLETED, exit_if_failed, run_trial, summarise, task_overrides
 
 log = logging.getLogger(__name__)
 

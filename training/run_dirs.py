@@ -7,7 +7,7 @@ and every trial has its own numbered folder, so no two runs ever share one. Resu
 checkpoint's own run folder, where its curve, metrics.csv and best-checkpoint bookkeeping continue.
 
 The `promptemb.run_dir` resolver computes `output_dir` (and so Hydra's run dir) from these rules; it is registered
-when this module is imported. (A run that fails before any work leaves no folder: `common.validation`.)
+when this module is imported. (A run that fails before any work leaves no folder: `promptemb.common.validation`.)
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from omegaconf import OmegaConf
-
-from common.errors import ConfigError
+from promptemb.common.errors import ConfigError
 
 LAST = "last"
 

@@ -13,22 +13,21 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
+from promptemb.callbacks.wandb_run import WandbRunCallback
+from promptemb.common.errors import ConfigError, PreemptedError, UserError
+from promptemb.common.validation import check_train_config
+from promptemb.configs import CONFIG_DIR
+from promptemb.data.root import resolve_data_root
+from promptemb.exporting.runner import check_out, export_checkpoint
+from promptemb.lightning_modules.checkpoint import read_checkpoint
+from promptemb.training.loggers import build_loggers, finish_wandb, log_config
+from promptemb.training.optuna_search import run_study
+from promptemb.training.rng_state import RandomStateCallback
+from promptemb.training.run_dirs import in_multirun, resume_checkpoint
+from promptemb.training.trials import run_trial
 from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.utilities.exceptions import SIGTERMException
-
-from callbacks.sts_evaluation import STSEvaluationCallback
-from callbacks.wandb_run import WandbRunCallback
-from common.errors import ConfigError, PreemptedError, UserError
-from common.validation import check_train_config
-from configs import CONFIG_DIR
-from data.root import resolve_data_root
-from exporting.runner import check_out, export_checkpoint
-from lightning_modules.checkpoint import read_checkpoint
-from training.loggers import build_loggers, finish_wandb, log_config
-from training.optuna_search import run_study
-from training.rng_state import RandomStateCallback
-from training.run_dirs import in_multirun, resume_checkpoint
-from training.trials import run_trial
 
 log = logging.getLogger(__name__)
 MULTIRUN_FLAGS = ("-m", "--multirun")

@@ -1,8 +1,8 @@
 """W&B sweep files (sweeps/*.yaml): validate them against train.py's config, sample one configuration,
 and build the exact command a `wandb agent` would run for it, all without the W&B service.
 
-    python -m training.sweeps check sweeps/*.yaml          # every parameter is a train.py key/group
-    python -m training.sweeps command sweeps/optiprompt.yaml [--seed 0]   # what an agent would run
+    python -m promptemb.training.sweeps check sweeps/*.yaml          # every parameter is a train.py key/group
+    python -m promptemb.training.sweeps command sweeps/optiprompt.yaml [--seed 0]   # what an agent would run
 
 The command is built as wandb's agent builds it: `create_sweep_command` / `create_sweep_command_args` from
 `wandb.sdk.launch.sweeps.utils` (imported when available) fill `${envvar:...}` and the `${args_no_hyphens}`
@@ -25,9 +25,8 @@ from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
-
-from common.errors import ConfigError, exit_on_user_error
-from configs import CONFIG_DIR
+from promptemb.common.errors import ConfigError, exit_on_user_error
+from promptemb.configs import CONFIG_DIR
 
 HYDRA_ARG_MACROS = ("${args_no_hyphens}", "${args_append_hydra}", "${args_override_hydra}")
 DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "uniform", "q_uniform", "log_uniform_values",
@@ -70,7 +69,7 @@ def _spec_values(entry: dict) -> list | None:
 
 def validate_sweep(spec: dict, where: str = "sweep") -> None:
     """Raise one-line ConfigErrors for anything a W&B agent run would trip on, naming the bad parameter."""
-    from training.runner import compose_train, experiment_names, unknown_key_message
+    from promptemb.training.runner import compose_train, experiment_names, unknown_key_message
 
     program = spec.get("program")
     if Path(str(program)).name != "train.py":
@@ -207,7 +206,7 @@ def agent_command(spec: dict, params: dict[str, Any], interpreter: str = "python
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.sweeps", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m promptemb.training.sweeps", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     check = sub.add_parser("check", help="validate sweep files against train.py's config")
     check.add_argument("files", nargs="+")

@@ -7,11 +7,10 @@ import sys
 
 import hydra
 from omegaconf import DictConfig
-
-from common.cli import check_command_line
-from common.errors import exit_on_user_error
-from configs import CONFIG_DIR
-from training.runner import run
+from promptemb.common.cli import check_command_line
+from promptemb.common.errors import exit_on_user_error
+from promptemb.configs import CONFIG_DIR
+from promptemb.training.runner import run
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")

@@ -18,11 +18,10 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
-
-from common.errors import PreemptedError, UserError
-from common.io import atomic_write_json, atomic_write_text
-from common.validation import remove_if_untouched
-from training.run_dirs import in_multirun
+from promptemb.common.errors import PreemptedError, UserError
+from promptemb.common.io import atomic_write_json, atomic_write_text
+from promptemb.common.validation import remove_if_untouched
+from promptemb.training.run_dirs import in_multirun
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "status.json"
@@ -129,7 +128,7 @@ class TrialSummary(Callback):
 
 def swept_keys(overrides: list[str]) -> list[str]:
     """The keys a multirun sweeps over (`seed=0,1,2` -> ["seed"])."""
-    from training.runner import parse_overrides  # runner imports this module
+    from promptemb.training.runner import parse_overrides  # runner imports this module
 
     try:
         return sorted(o.get_key_element().lstrip("+~") for o in parse_overrides(overrides) if o.is_sweep_override())
@@ -140,8 +139,8 @@ def swept_keys(overrides: list[str]) -> list[str]:
 def seed_report(rows: list[dict], sweep_dir: Path) -> None:
     """A sweep over `seed` alone: mean ± std of every score over its completed trials, in the sweep folder (a
     failed seed is left out and the report says how many seeds it has)."""
-    from research.seed_report import seed_report as write_seed_report
-    from research.seed_report import summary_line
+    from promptemb.research.seed_report import seed_report as write_seed_report
+    from promptemb.research.seed_report import summary_line
 
     runs = [row["run_dir"] for row in rows if row["status"] == COMPLETED and row.get("run_dir")]
     if not runs:
