@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.template import MASK_SLOT, Template, apply_sentence_rule
 

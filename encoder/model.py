@@ -11,18 +11,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from promptemb.common.errors import ConfigError
-from promptemb.encoder.forward import InputEmbedder, max_input_length, run_transformer
-from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
-from promptemb.encoder.outputs import EncoderOutput, normalize_layer
-from promptemb.encoder.template import Template
-from promptemb.poolers.base import Needs, Pooler
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
+from promptemb.common.errors import ConfigError
+from promptemb.common.validation import register_choices
+from promptemb.encoder.forward import InputEmbedder, max_input_length, run_transformer
+from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
+from promptemb.encoder.outputs import EncoderOutput, normalize_layer
+from promptemb.encoder.pooling import Needs, Pooler
+from promptemb.encoder.template import Template
+
 PACKAGE_PREFIX = "package:"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+register_choices("dtype", DTYPES)
 
 
 def resolve_model_path(name_or_path: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.validation import register_choices
 
 SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"
@@ -18,6 +19,7 @@ MASK_SLOT = "[MASK]"
 #: `promptbert`: the official PromptBERT evaluation's rule (kongds/Prompt-BERT evaluation.py), which is exactly
 #: `append_period`; the name records where the rule comes from.
 SENTENCE_RULES = ("none", "append_period", "promptbert")
+register_choices("sentence_rule", SENTENCE_RULES)
 
 
 def apply_sentence_rule(sentence: str, rule: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, masked_mean, pooled_tokens, require_template_for
 from promptemb.poolers.fitted import CorpusFittedPooler

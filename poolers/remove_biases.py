@@ -7,6 +7,7 @@ import unicodedata
 from collections.abc import Sequence
 
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler, masked_mean

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 from promptemb.poolers.base import Needs, Pooler

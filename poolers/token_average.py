@@ -8,10 +8,11 @@ import weakref
 from collections.abc import Sequence
 
 import torch
+
 from promptemb.common.errors import ConfigError
+from promptemb.data.fit_corpora import TARGET
 from promptemb.encoder.inputs import InputForm, collate
 from promptemb.encoder.outputs import EncoderOutput
-from promptemb.evaluation.corpora import TARGET
 from promptemb.poolers.base import Needs, masked_mean
 from promptemb.poolers.fitted import CorpusFittedPooler
 

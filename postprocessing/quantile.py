@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from sklearn.preprocessing import QuantileTransformer
+
 from promptemb.common.errors import ConfigError
 from promptemb.postprocessing.base import PostProcessor
-from sklearn.preprocessing import QuantileTransformer
 
 OUTPUT_DISTRIBUTIONS = ("uniform", "normal")
 

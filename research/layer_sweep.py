@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.encoder.model import Encoder, combine_needs
 from promptemb.encoder.outputs import normalize_layer

@@ -7,6 +7,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy.stats import norm
+from sklearn.preprocessing import QuantileTransformer
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
@@ -14,9 +17,6 @@ from promptemb.evaluation.sts import pearson_x100
 from promptemb.poolers import build_pooler
 from promptemb.poolers.remove_biases import BERT_UNCASED_TOP36
 from promptemb.postprocessing import build_post
-from scipy.stats import norm
-from sklearn.preprocessing import QuantileTransformer
-
 from tests.helpers import reference_runner
 from tests.oracles import sbert_wk_sentence_loop
 

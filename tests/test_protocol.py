@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 import pytest
+from scipy.stats import spearmanr
+
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.checksums import verify_file
 from promptemb.data.readers import read_sick, read_sts_subset, read_stsb
@@ -14,8 +16,6 @@ from promptemb.encoder.model import Encoder
 from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.sts import SentenceIndex, evaluate_sts, spearman_x100
 from promptemb.poolers import build_poolers
-from scipy.stats import spearmanr
-
 from tests.helpers import STS_A, STS_B
 
 
