@@ -1,18 +1,25 @@
-"""train.py's command line, checked before Hydra composes it: an unknown experiment or override key is one line with
-the closest valid name, instead of Hydra's multi-line block."""
+"""`train.py` / `promptemb-train`: train a prompt-based sentence encoder (`promptemb-train experiment=NAME`).
+
+The command line is checked before Hydra composes it: an unknown experiment or override key is one line with the
+closest valid name, instead of Hydra's multi-line block. Hydra's job name is set to `train` in configs/train.yaml, so
+the run folder's log is train.log whichever way the command is started."""
 
 from __future__ import annotations
 
 import difflib
 import re
+import sys
 
+import hydra
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
-from promptemb.common.errors import ConfigError
+from promptemb.common.cli import check_command_line
+from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.common.overrides import first_of_sweeps, parse_overrides, sweep_values
 from promptemb.configs import CONFIG_DIR
+from promptemb.training.runner import run
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
@@ -96,3 +103,16 @@ def check_override_keys(argv: list[str]) -> None:
             raise ConfigError(unknown_key_message(match.group(1), overrides)) from None
     except Exception:  # anything else: Hydra reports it when train.py composes for real
         pass
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+@exit_on_user_error
+def compose_and_run(cfg: DictConfig) -> float | None:
+    """Returns the best STS-B dev [MASK] score (the objective of sweeps)."""
+    return run(cfg)
+
+
+def main() -> None:
+    exit_on_user_error(check_command_line)("train", sys.argv[1:], check_experiment_overrides,
+                                            check_override_keys)
+    compose_and_run()
