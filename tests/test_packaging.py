@@ -22,8 +22,8 @@ from tests.conftest import REPO
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
 SOURCE_PARTS = ("pyproject.toml", "README.md", "LICENSE", "promptemb", "configs", "common", "data", "encoder",
-                "poolers", "evaluation", "lightning_modules", "callbacks", "training", "inference", "exporting", "postprocessing",
-                "research")
+                "poolers", "evaluation", "lightning_modules", "callbacks", "training", "inference", "exporting",
+                "postprocessing", "research")
 
 
 def run(command: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
