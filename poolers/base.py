@@ -14,7 +14,7 @@ __all__ = ["Needs", "Pooler", "masked_mean", "pooled_tokens", "require_template_
 
 def pooled_tokens(out: EncoderOutput, include_mask: bool = True) -> torch.Tensor:
     """0/1 `[B, T]` of the tokens to pool: every non-padding token, minus the template's [MASK] tokens when
-    `include_mask` is False (seed 001's templated average "without [MASK]")."""
+    `include_mask` is False (Stankevičius & Lukoševičius's templated average "without [MASK]")."""
     if include_mask:
         return out.attention_mask
     return out.attention_mask * (~out.mask_token).to(out.attention_mask.dtype)

@@ -34,7 +34,7 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "idf": (IdfPooler, {}),
     "remove_biases": (RemoveBiasesPooler, {}),
     "remove_biases_contextual": (RemoveBiasesPooler, {"variant": "contextual"}),
-    # seed 001: token weighting on the templated input, templated average without [MASK], baselines
+    # Stankevičius & Lukoševičius: token weighting on the templated input, templated average without [MASK], baselines
     "avg_no_mask": (MeanPooler, {"templated": True, "include_mask": False}),
     "avg_idf": (IdfPooler, {"templated": True}),
     "avg_remove_biases": (RemoveBiasesPooler, {"variant": "contextual", "templated": True}),

@@ -1,5 +1,6 @@
-"""seed 001's "Avg." static model (each token's hidden state averaged over its occurrences in a named corpus) and
-BERT+Avg. (the contextual mean mixed with it)."""
+"""The "Avg." static model (each token's hidden state averaged over its occurrences in a named corpus) and BERT+Avg.
+(the contextual mean mixed with it) of Stankevičius & Lukoševičius, 2024, "Extracting Sentence Embeddings from
+Pretrained Transformer Models"."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Seed 001's poolers and transforms against plain loop re-computations: token weighting over the templated input,
-templated average without [MASK], the Random Embeddings baseline, the Avg. static model and BERT+Avg., quantile
-transform to a normal distribution, Pearson next to Spearman."""
+"""The poolers and transforms of Stankevičius & Lukoševičius (2024) against plain loop re-computations: token
+weighting over the templated input, templated average without [MASK], the Random Embeddings baseline, the Avg.
+static model and BERT+Avg., quantile transform to a normal distribution, Pearson next to Spearman."""
 
 import math
 
