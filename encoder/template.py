@@ -1,6 +1,7 @@
 """Prompt templates such as `This sentence : "[X]" means [MASK] .` and the sentence rules applied before them.
 
-A template is applied at the token level (DESIGN.md §3): `[CLS] + prefix ids + sentence ids + suffix ids + [SEP]`.
+A template is applied at the token level, as PromptBERT's reference code does:
+`[CLS] + prefix ids + sentence ids + suffix ids + [SEP]`.
 Prefix and suffix are tokenized once; only the sentence is ever truncated.
 """
 

@@ -44,6 +44,36 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
 }
 POOLER_NAMES = tuple(_REGISTRY)
 
+_EXTRACTION_STUDY = ('Stankevičius & Lukoševičius (2024), "Extracting Sentence Embeddings from Pretrained Transformer '
+                     'Models"')
+_PROMPTBERT = 'Jiang et al. (2022), "PromptBERT: Improving BERT Sentence Embeddings with Prompts"'
+#: The paper (and the part of it) each registered name follows; docs/reference.md is generated from this and the
+#: classes' docstrings (`python -m promptemb.research.component_reference`).
+PAPERS: dict[str, str] = {
+    "cls": 'Devlin et al. (2019), "BERT": the [CLS] state',
+    "mean": 'Reimers & Gurevych (2019), "Sentence-BERT": mean pooling',
+    "first_last": 'Li et al. (2020), "On the Sentence Embeddings from Pre-trained Language Models" (first-last avg.); '
+                  'layers 1 and L as SimCSE (Gao et al., 2021) reports it',
+    "avg": f"{_PROMPTBERT}, Table 1: the average over the templated input",
+    "static": f"{_PROMPTBERT}, §3: the static token embeddings, averaged",
+    "mask": f"{_PROMPTBERT}, Eq. 2: the [MASK] state",
+    "mask_denoised": f"{_PROMPTBERT}, §5: the [MASK] state minus the template bias (template denoising)",
+    "mask_topk": f"{_PROMPTBERT}, Eq. 3: the top-k MLM tokens' static embeddings weighted by their probabilities",
+    "ditto": 'Chen et al. (2023), "Ditto: A Simple and Efficient Approach to Improve Sentence Embeddings", Eq. 2-3',
+    "sbert_wk": 'Wang & Kuo (2020), "SBERT-WK: A Sentence Embedding Method by Dissecting BERT-based Word Models", '
+                "§IV, Eq. 9-15",
+    "idf": f"{_EXTRACTION_STUDY}: idf-weighted average",
+    "remove_biases": f"{_PROMPTBERT}, §3 / Table 2: static embeddings without the biased tokens",
+    "remove_biases_contextual": f"{_PROMPTBERT}, §3 / Table 2: last-layer states without the biased tokens",
+    "avg_no_mask": f"{_EXTRACTION_STUDY}: templated average without the [MASK] tokens",
+    "avg_idf": f"{_EXTRACTION_STUDY}: idf-weighted templated average",
+    "avg_remove_biases": f"{_EXTRACTION_STUDY} with {_PROMPTBERT}'s token filter: templated average without the "
+                         "biased tokens",
+    "random": f"{_EXTRACTION_STUDY}: the Random Embeddings baseline",
+    "token_avg": f"{_EXTRACTION_STUDY}: the Avg. static model",
+    "bert_token_avg": f"{_EXTRACTION_STUDY}: BERT+Avg.",
+}
+
 
 def pooler_class(name: str) -> type[Pooler]:
     """The class behind a registered name (to inspect its arguments without building it)."""

@@ -196,7 +196,7 @@ def test_unknown_task_lists_valid_ones():
 
 
 def test_real_registry_counts_and_checksums(real_data_root):
-    """Every registered task on the real data: sha256 verified, scored-pair counts as DESIGN.md §3 states."""
+    """Every registered task on the real data: sha256 verified, the scored-pair counts of SentEval's "all" setting."""
     registry = load_registry()
     expected = {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186, "STSBenchmark": 1379,
                 "STSBenchmark-dev": 1500, "STSBenchmark-train": 5749, "SICKRelatedness": 4927}
