@@ -30,9 +30,9 @@ from promptemb.common.io import atomic_write_json
 from promptemb.data.fit_corpora import TARGET
 from promptemb.data.tasks import STS_SUITE
 from promptemb.encoder.model import Encoder, Shard, attention_implementation, combine_needs
-from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.plots import plot_curve
 from promptemb.evaluation.report import plot_name
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.session import ScoringSession, ScoringSettings
 from promptemb.evaluation.wandb_tables import log_sts_tables
 from promptemb.inference.model_sources import merge_poolers

@@ -22,10 +22,10 @@ from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
 from promptemb.evaluation.analysis import analyse_task
 from promptemb.evaluation.clustering import ClusteringConfig
-from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.report import attach_scoring_details, scoring_provenance, write_report
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import check_scoring, evaluate_sts
-from promptemb.evaluation.suite import evaluate_tasks
+from promptemb.evaluation.task_families import evaluate_tasks
 from promptemb.evaluation.transfer import ClassifierConfig
 from promptemb.poolers import build_poolers
 from promptemb.poolers.base import Pooler
