@@ -45,6 +45,7 @@ class EvaluateSettings:
     analysis: bool
     max_sentence_tokens: int | None
     seed: int
+    allow_unverified_weights: bool
     progress: bool
     pooler: str
     input: str | None
