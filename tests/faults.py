@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytorch_lightning as pl
+import torch
+
 from tests.conftest import REPO
 
 
@@ -49,3 +52,19 @@ def tree_digest(path: Path) -> dict[str, str]:
 def listing(path: Path) -> list[str]:
     """Every entry under `path`, hidden ones included: what a fault must not add to (temporary files, orphans)."""
     return sorted(str(p.relative_to(path)) for p in Path(path).rglob("*"))
+
+
+class RunOutOfMemory(pl.Callback):
+    """Test-only callback (+callbacks.oom._target_=tests.faults.RunOutOfMemory): at `step`, a real CPU allocation
+    failure (an exabyte tensor) or, for `kind: cuda`, the error CUDA's allocator raises."""
+
+    def __init__(self, step: int = 1, kind: str = "cpu"):
+        self.step, self.kind = step, kind
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != self.step:
+            return
+        if self.kind == "cuda":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                                         "of 79.19 GiB of which 1.21 GiB is free.")
+        torch.empty(1 << 60, dtype=torch.uint8)
