@@ -127,13 +127,16 @@ def test_concurrent_builders_over_a_damaged_cache_agree(tiny_bert, tokenization,
 @pytest.mark.slow
 def test_train_py_rebuilds_a_damaged_cache_with_one_warning(tiny_bert, real_data_root, tmp_path):
     cache = tmp_path / "cache"
-    base = [*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "run", None),
-            f"+data.cache_dir={cache}", "trainer.max_steps=1", "callbacks.sts_evaluation.score_best_at_end=false"]
-    first = run_entry("train.py", *base, data_root=real_data_root, cwd=tmp_path)
+
+    def train(out):
+        return run_entry("train.py", *tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, None),
+                         f"+data.cache_dir={cache}", "trainer.max_steps=1",
+                         "callbacks.sts_evaluation.score_best_at_end=false", data_root=real_data_root, cwd=tmp_path)
+
+    first = train(tmp_path / "run")
     assert first.returncode == 0, first.stderr[-3000:]
     damage(cache, "random_bytes")
-    again = run_entry("train.py", *base[:-3], f"output_dir={tmp_path / 'run2'}", *base[-2:],
-                      data_root=real_data_root, cwd=tmp_path)
+    again = train(tmp_path / "run2")
     assert again.returncode == 0, again.stderr[-3000:]
     output = again.stdout + again.stderr
     assert output.count("is damaged") == 1 and "Traceback" not in output
