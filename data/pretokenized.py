@@ -8,8 +8,9 @@ on the templates and the ids equal, token for token, what `InputBuilder.build` m
 workers only read rows and pad them into one tensor; the main process moves it to the device.
 
 A cache records its row count and the size and sha256 of each of its files (`key.json`, written last: a folder
-without it is no cache). Every open checks the sizes and the row count, and the full hashes when the cache is small
-enough to hash in well under a second, when it was just built, or on request (`verify=True`); a damaged cache
+without it is no cache). Every open checks the sizes, the hashes of each file's first and last MiB and the row count,
+and the full hashes when the cache is small enough to hash in well under a second, when it was just built, or on
+request (`verify=True`); a damaged cache
 (truncated, overwritten, zeroed blocks) is moved aside and rebuilt with a one-line warning, never read.
 """
 
@@ -37,6 +38,9 @@ PARALLEL_FROM_EXAMPLES = 50_000
 FORMAT_VERSION = 2  # bump when what is stored changes: old caches are then rebuilt, never misread
 #: Caches up to this size are hashed in full on every open (about 0.3 s); larger ones when built or on request.
 FULL_CHECK_BYTES = 256 << 20
+#: Of a larger cache, every open hashes this much of each file's start and end (the Arrow schema and the first and
+#: last record batches: a file overwritten or replaced is caught without reading it all).
+EDGE_BYTES = 1 << 20
 RECORD_FILE = "key.json"
 
 
@@ -120,7 +124,8 @@ def build(examples, tokenization: SentenceTokenization, key: dict, final: Path, 
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".staging", dir=final.parent))
     try:
         table.save_to_disk(str(staging))
-        files = {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path, cached=False)}
+        files = {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path, cached=False),
+                             "edges_sha256": edges_sha256(path)}
                  for path in sorted(staging.iterdir()) if path.is_file()}
         record = {**key, "rows": len(table), "files": files}
         (staging / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
@@ -132,9 +137,24 @@ def build(examples, tokenization: SentenceTokenization, key: dict, final: Path, 
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def edges_sha256(path: Path) -> str:
+    """sha256 of the first and last `EDGE_BYTES` of a file (all of it when smaller)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        digest.update(handle.read(EDGE_BYTES))
+        size = path.stat().st_size
+        if size > 2 * EDGE_BYTES:
+            handle.seek(size - EDGE_BYTES)
+            digest.update(handle.read(EDGE_BYTES))
+        elif size > EDGE_BYTES:
+            digest.update(handle.read())
+    return digest.hexdigest()
+
+
 def check_files(folder: Path, key: dict, full: bool) -> tuple[dict | None, str | None]:
-    """(the cache's record, None) when its files are as recorded, else (None, what is wrong). Sizes always;
-    sha256 when `full` or when the files are small enough to hash quickly."""
+    """(the cache's record, None) when its files are as recorded, else (None, what is wrong). Sizes and the hashes of
+    each file's start and end always; the full sha256 when `full` or when the files are small enough to hash
+    quickly."""
     try:
         record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -149,6 +169,8 @@ def check_files(folder: Path, key: dict, full: bool) -> tuple[dict | None, str |
             return None, f"{name} is missing"
         if path.stat().st_size != expected.get("bytes"):
             return None, f"{name} has {path.stat().st_size} bytes, not the {expected.get('bytes')} written"
+        if edges_sha256(path) != expected.get("edges_sha256"):
+            return None, f"{name} does not match the sha256 of its start and end recorded when it was written"
     if full or sum(entry.get("bytes", 0) for entry in files.values()) <= FULL_CHECK_BYTES:
         for name, expected in files.items():
             if sha256_file(folder / name, cached=False) != expected.get("sha256"):

@@ -91,10 +91,16 @@ def test_large_caches_are_checked_by_size_and_rows_and_hashed_on_request(tokeniz
     with caplog.at_level(logging.WARNING, logger=pretokenized.__name__):
         assert rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path)) == expected  # size: always checked
     assert len(damage_warnings(caplog)) == 1
-    damage(tmp_path, "zeroed_4kb")  # same size: found by the full hash, which verify=True asks for
+    damage(tmp_path, "random_bytes")  # same size: found by the hash of the file's start and end
+    with caplog.at_level(logging.WARNING, logger=pretokenized.__name__):
+        assert rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path)) == expected
+    assert len(damage_warnings(caplog)) == 2 and "of its start and end" in damage_warnings(caplog)[-1]
+    monkeypatch.setattr(pretokenized, "EDGE_BYTES", 1024)  # (this small table is all edges otherwise)
+    pretokenized_corpus(SENTENCES, tokenization, tmp_path)  # rebuilt with edges of the new size
+    damage(tmp_path, "zeroed_4kb")  # in the middle, same size: found by the full hash, which verify=True asks for
     with caplog.at_level(logging.WARNING, logger=pretokenized.__name__):
         assert rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path, verify=True)) == expected
-    assert len(damage_warnings(caplog)) == 2
+    assert len(damage_warnings(caplog)) == 4
 
 
 def test_concurrent_threads_over_a_damaged_cache_agree(tokenization, tmp_path, caplog):
