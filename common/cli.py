@@ -5,15 +5,24 @@ quoted for the shell but not for Hydra, an unknown experiment or key, a run fold
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+
 from promptemb.common.errors import ConfigError
+from promptemb.common.overrides import first_of_sweeps
 from promptemb.common.run_folder import check_run_dir_before_hydra
 from promptemb.configs import CONFIG_DIR
 
-#: The config each entry point composes.
-CONFIG_NAMES = {"train": "train", "evaluate": "eval"}
+#: The config each entry point composes (`encode` = `promptemb-encode`, evaluate.py's encode mode).
+CONFIG_NAMES = {"train": "train", "evaluate": "eval", "encode": "encode", "export": "export"}
+#: How each entry point is named in messages.
+ENTRY_NAMES = {"train": "train.py", "evaluate": "evaluate.py", "encode": "promptemb-encode", "export": "export.py"}
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
 #: Override keys of the earlier config layout -> the key that replaced them, per entry point. `parent.*` renames
 #: every other key under `parent`; a value with spaces is advice rather than a key.
@@ -41,6 +50,7 @@ RENAMED_KEYS = {
         "sentence_rule": "template.sentence_rule",
     },
 }
+RENAMED_KEYS["encode"] = RENAMED_KEYS["evaluate"]
 #: Option names that changed with their group: (entry point, old key) -> {old name: new name}; `*` = any name.
 RENAMED_OPTIONS = {
     ("train", "template_pair"): {"bert": "promptbert_bert_pair", "roberta": "promptbert_roberta_pair", "*": "*_pair"},
@@ -61,7 +71,7 @@ def group_options(group: str) -> list[str]:
 
 
 def renamed_key(entry: str, key: str) -> str | None:
-    renames = RENAMED_KEYS[entry]
+    renames = RENAMED_KEYS.get(entry, {})
     if key in renames:
         return renames[key]
     parent, dot, leaf = key.partition(".")
@@ -124,11 +134,97 @@ def check_override_syntax(argv: list[str]) -> None:
                                   ) from None
 
 
+def compose_config(entry: str, overrides: list[str]) -> DictConfig:
+    """The config of `entry` as Hydra composes it for these overrides (no run, no output directory)."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose(CONFIG_NAMES[entry], overrides=overrides)
+
+
+#: Common spellings of keys this config names differently (for the "did you mean" hint).
+KEY_ALIASES = {"learning_rate": "lr", "tau": "temperature", "temp": "temperature", "bs": "batch_size",
+               "batch": "batch_size", "steps": "max_steps", "epochs": "max_epochs"}
+
+
+def elsewhere(cfg: DictConfig, leaf: str) -> str | None:
+    """`group.leaf` when exactly one top-level group has that key (`lr` lives in `optimizer`, not in `model`)."""
+    found = [f"{group}.{leaf}" for group in cfg if OmegaConf.is_dict(cfg[group]) and leaf in cfg[group]]
+    return found[0] if len(found) == 1 else None
+
+
+def value_of(key: str, overrides: list[str]) -> str:
+    return next((split_override(o)[2] for o in overrides if split_override(o)[1] == key.lstrip("+~")), "")
+
+
+def closest_key(leaf: str, value: str, siblings, names: list[str]) -> str | None:
+    """The closest name to `leaf`; among close ones, first one whose value has the override's shape (a list for
+    `[...]`), so `poolerz=[mask]` suggests `poolers`, not `pooler`."""
+    close = difflib.get_close_matches(leaf, names, n=3, cutoff=0.75)
+    wants_list = value.startswith("[")
+    shaped = [name for name in close if OmegaConf.is_list(siblings[name]) == wants_list]
+    return next(iter(shaped or close), None)
+
+
+def unknown_key_message(key: str, overrides: list[str], where: str = "", entry: str = "train") -> str:
+    """One line naming an override key that `entry`'s config does not have, with the closest existing key."""
+    base = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
+    hint = ""
+    try:
+        cfg = compose_config(entry, base)
+        parent, _, leaf = key.lstrip("+~").rpartition(".")
+        siblings = OmegaConf.select(cfg, parent) if parent else cfg
+        names = [str(k) for k in siblings] if OmegaConf.is_dict(siblings) else []
+        guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in names else None
+        guess = guess or closest_key(leaf, value_of(key, overrides), siblings, names)
+        guess = '.'.join(filter(None, (parent, guess))) if guess else elsewhere(cfg, KEY_ALIASES.get(leaf, leaf))
+        hint = f"did you mean {guess!r}? " if guess else ""
+    except Exception:  # the other overrides do not compose either: no suggestion
+        pass
+    return (f"{where}{key!r} is not a key of {ENTRY_NAMES[entry]}'s config; {hint}"
+            f"prefix it with '+' (+{key}=...) only if it is really a new key")
+
+
+def unknown_option_message(group: str, name: str, entry: str) -> str:
+    """One line naming a config-group option that does not exist, with the closest existing one."""
+    options = group_options(group)
+    guess = next(iter(difflib.get_close_matches(name, options, n=1, cutoff=0.6)), None)
+    hint = f"did you mean {group}={guess}? " if guess else ""
+    return (f"{ENTRY_NAMES[entry]}: there is no {group} {name!r} (configs/{group}/{name}.yaml); {hint}"
+            f"valid {group}: {', '.join(options)}")
+
+
+def check_override_keys(entry: str, argv: list[str]) -> None:
+    """Fail with one line naming an override key the composed config does not have, or a group option that does not
+    exist (Hydra's own error is a multi-line block); under -m with each sweep's first value. Other Hydra flags
+    (--cfg, ...) and hydra.* overrides are left to Hydra."""
+    flags = [arg for arg in argv if arg.startswith("-")]
+    if any(flag not in MULTIRUN_FLAGS for flag in flags):
+        return
+    overrides = [arg for arg in argv if not arg.startswith(("-", "hydra.", "hydra/"))]
+    if flags:
+        try:
+            overrides = first_of_sweeps(overrides)
+        except Exception:  # a syntax error: Hydra reports it
+            return
+    try:
+        compose_config(entry, overrides)
+    except MissingConfigException as err:
+        match = re.search(r"Could not find '([^']+)/([^'/]+)'", str(err))
+        if match and (CONFIG_DIR / match.group(1)).is_dir():
+            raise ConfigError(unknown_option_message(match.group(1), match.group(2), entry)) from None
+    except ConfigCompositionException as err:
+        match = re.search(r"Could not override '([^']+)'", str(err))
+        if match:
+            raise ConfigError(unknown_key_message(match.group(1), overrides, entry=entry)) from None
+    except Exception:  # anything else: Hydra reports it when the entry point composes for real
+        pass
+
+
 def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[list[str]], None]) -> None:
-    """Every check before Hydra composes the config of `entry` (train | evaluate), with the entry point's own
-    `entry_checks` of its overrides; raises a one-line ConfigError."""
+    """Every check before Hydra composes the config of `entry` (train | evaluate | encode | export), with the entry
+    point's own `entry_checks` of its overrides; raises a one-line ConfigError."""
     check_renamed_keys(entry, argv)
     check_override_syntax(argv)
     for check in entry_checks:
         check(argv)
+    check_override_keys(entry, argv)
     check_run_dir_before_hydra(CONFIG_NAMES[entry], argv)

@@ -31,6 +31,20 @@ def umask_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~current_umask()
 
 
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """Make a rename inside `directory` durable (a no-op where directories cannot be opened, as on Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp_path)` on a temporary file next to `path`, then rename it over `path`."""
     path = Path(path)

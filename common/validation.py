@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import tempfile
 import types
 import typing
@@ -34,13 +35,15 @@ from promptemb.configs import CONFIG_DIR
 
 @dataclass(frozen=True)
 class Range:
-    """low <= value (or low < value when `open_low`) and value <= high."""
+    """A finite value with low <= value (or low < value when `open_low`) and value <= high."""
 
     low: float | None = None
     high: float | None = None
     open_low: bool = False
 
     def contains(self, value: float) -> bool:
+        if not math.isfinite(value):  # NaN compares false with every bound; inf is no usable setting either
+            return False
         if self.low is not None and (value <= self.low if self.open_low else value < self.low):
             return False
         return self.high is None or value <= self.high
@@ -226,6 +229,8 @@ def check_value(key: str, value: Any, hint=Any) -> None:
     if value is None:
         return
     number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and not math.isfinite(value):  # NaN compares false with every bound, so no range would catch it
+        raise ConfigError(f"{shown} is not valid: {name} must be a finite number (not nan or inf)")
     if name in RANGES and number and not RANGES[name].contains(value):
         kind = "a number" if matches(0.5, hint) else "an integer"
         raise ConfigError(f"{shown} is out of range: {name} must be {kind} {RANGES[name].describe()}")

@@ -10,10 +10,11 @@ from promptemb.common.errors import DataError
 _CACHE: dict[tuple[str, int, int], str] = {}
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, cached: bool = True) -> str:
+    """`cached=False`: hash the bytes now (damage that kept size and mtime, such as zeroed blocks, is seen)."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _CACHE:
+    if key not in _CACHE or not cached:
         digest = hashlib.sha256()
         with path.open("rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):

@@ -63,10 +63,11 @@ class _StringDataModule(pl.LightningDataModule):
                  num_workers: int | Literal["auto"] = "auto", download: str | None = None,
                  cache_dir: str | None = None, seed: int = 0, pretokenize: bool = True,
                  tokenize_processes: int | None = None, pin_memory: bool | Literal["auto"] = "auto",
-                 group_by_length: bool = False, distinct_in_batch: bool = False):
+                 group_by_length: bool = False, distinct_in_batch: bool = False, verify_cache: bool = False):
         """`num_workers`/`pin_memory` `auto`: 4 workers (persistent) and pinned memory when the trainer runs on an
         accelerator, 0 and off on a CPU. `tokenize_processes`: processes for pre-tokenizing a large corpus (default:
-        every core). `group_by_length`, `distinct_in_batch`: see `promptemb.data.sampling`."""
+        every core). `group_by_length`, `distinct_in_batch`: see `promptemb.data.sampling`. `verify_cache`: hash the
+        pre-tokenized cache in full when opening it, however large (smaller ones always are)."""
         super().__init__()
         self.batch_size = batch_size
         self.seed = seed
@@ -85,6 +86,7 @@ class _StringDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.group_by_length = group_by_length
         self.distinct_in_batch = distinct_in_batch
+        self.verify_cache = verify_cache
         self.tokenization: SentenceTokenization | None = None
         self.dataset = None  # what the loader reads: the examples, or their pre-tokenized table
         self.collate = _keep_batch
@@ -148,7 +150,7 @@ class _StringDataModule(pl.LightningDataModule):
             self.tokenization = module.sentence_tokenization()
         if self.pretokenize and self.tokenization is not None:
             table = pretokenized_corpus(self.examples, self.tokenization, self.cache_dir,
-                                        self.tokenize_processes or os.cpu_count())
+                                        self.tokenize_processes or os.cpu_count(), verify=self.verify_cache)
             self.dataset, self.collate = PretokenizedExamples(table), pad_sentence_ids
             self.truncated_sentences = self.dataset.count_longer_than(self.tokenization.keep - 1)
             if self.truncated_sentences:

@@ -6,6 +6,12 @@ cut to one token more than the longest sentence any template of the model keeps,
 The template is added in the training step by offset (`InputBuilder.wrap_padded_ids`), so the cache does not depend
 on the templates and the ids equal, token for token, what `InputBuilder.build` makes from the raw sentences. Loader
 workers only read rows and pad them into one tensor; the main process moves it to the device.
+
+A cache records its row count and the size and sha256 of each of its files (`key.json`, written last: a folder
+without it is no cache). Every open checks the sizes, the hashes of each file's first and last MiB and the row count,
+and the full hashes when the cache is small enough to hash in well under a second, when it was just built, or on
+request (`verify=True`); a damaged cache
+(truncated, overwritten, zeroed blocks) is moved aside and rebuilt with a one-line warning, never read.
 """
 
 from __future__ import annotations
@@ -23,12 +29,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from promptemb.data.checksums import sha256_file
 from promptemb.encoder.inputs import InputBuilder
 
 log = logging.getLogger(__name__)
 #: Corpora smaller than this are tokenized in the main process: starting `num_proc` workers costs more.
 PARALLEL_FROM_EXAMPLES = 50_000
-FORMAT_VERSION = 1  # bump when what is stored changes: old caches are then rebuilt, never misread
+FORMAT_VERSION = 2  # bump when what is stored changes: old caches are then rebuilt, never misread
+#: Caches up to this size are hashed in full on every open (about 0.3 s); larger ones when built or on request.
+FULL_CHECK_BYTES = 256 << 20
+#: Of a larger cache, every open hashes this much of each file's start and end (the Arrow schema and the first and
+#: last record batches: a file overwritten or replaced is caught without reading it all).
+EDGE_BYTES = 1 << 20
+RECORD_FILE = "key.json"
 
 
 @dataclass(frozen=True)
@@ -71,37 +84,131 @@ def corpus_sha256(examples: Sequence[str | Sequence[str]]) -> str:
 
 
 def pretokenized_corpus(examples: Sequence[str | Sequence[str]], tokenization: SentenceTokenization,
-                        cache_dir: Path, num_proc: int | None = None):
+                        cache_dir: Path, num_proc: int | None = None, verify: bool = False):
     """The memory-mapped `datasets.Dataset` of `examples` (columns `ids0`, `ids1`, ... one per sentence of an
-    example), from the cache when this corpus was already tokenized this way; else built (in `num_proc` processes
-    for large corpora) and saved atomically, so concurrent ranks or runs never see half a cache."""
-    import datasets
-
+    example), from the cache when this corpus was already tokenized this way and the cache checks out; else built
+    (in `num_proc` processes for large corpora) and saved atomically, so concurrent ranks or runs never see half a
+    cache. `verify`: hash the cache's files in full whatever their size."""
     key = {"corpus_sha256": corpus_sha256(examples), "examples": len(examples), **tokenization.fingerprint()}
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     final = Path(cache_dir) / "pretokenized" / name
-    if not (final / "key.json").is_file():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        slots = 1 if isinstance(examples[0], str) else len(examples[0])
-        columns = {f"text{k}": [e if slots == 1 else e[k] for e in examples] for k in range(slots)}
-        features = datasets.Features({f"ids{k}": datasets.Sequence(datasets.Value("int32")) for k in range(slots)})
-        parallel = num_proc if num_proc and num_proc > 1 and len(examples) >= PARALLEL_FROM_EXAMPLES else None
-        log.info("pre-tokenizing %d examples into %s%s", len(examples), final,
-                 f" ({parallel} processes)" if parallel else "")
-        table = datasets.Dataset.from_dict(columns).map(
-            _Tokenize(tokenization, slots), batched=True, batch_size=1000, num_proc=parallel,
-            remove_columns=list(columns), features=features, desc="pre-tokenizing", load_from_cache_file=False)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
-        try:
-            table.save_to_disk(str(staging))
-            (staging / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True))
-            os.rename(staging, final)
-        except OSError:
-            if not (final / "key.json").is_file():  # not a concurrent build that finished first
-                raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return datasets.load_from_disk(str(final))
+    if (final / RECORD_FILE).is_file():
+        table, problem = open_checked(final, key, full=verify)
+        if table is not None:
+            return table
+        log.warning("pre-tokenized cache %s is damaged (%s); rebuilding it", final, problem)
+        move_aside(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    build(examples, tokenization, key, final, num_proc)
+    table, problem = open_checked(final, key, full=True)
+    if table is None:  # what was just written (by us or a concurrent builder) does not read back: the disk is at fault
+        raise OSError(f"the pre-tokenized cache {final} just written does not read back ({problem}); check the disk "
+                      f"holding {cache_dir}")
+    return table
+
+
+def build(examples, tokenization: SentenceTokenization, key: dict, final: Path, num_proc: int | None) -> None:
+    """Tokenize into a staging folder beside `final`, record rows and file hashes, rename it to `final`. A concurrent
+    builder that renamed first wins; ours is discarded."""
+    import datasets
+
+    slots = 1 if isinstance(examples[0], str) else len(examples[0])
+    columns = {f"text{k}": [e if slots == 1 else e[k] for e in examples] for k in range(slots)}
+    features = datasets.Features({f"ids{k}": datasets.Sequence(datasets.Value("int32")) for k in range(slots)})
+    parallel = num_proc if num_proc and num_proc > 1 and len(examples) >= PARALLEL_FROM_EXAMPLES else None
+    log.info("pre-tokenizing %d examples into %s%s", len(examples), final,
+             f" ({parallel} processes)" if parallel else "")
+    table = datasets.Dataset.from_dict(columns).map(
+        _Tokenize(tokenization, slots), batched=True, batch_size=1000, num_proc=parallel,
+        remove_columns=list(columns), features=features, desc="pre-tokenizing", load_from_cache_file=False)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".staging", dir=final.parent))
+    try:
+        table.save_to_disk(str(staging))
+        files = {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path, cached=False),
+                             "edges_sha256": edges_sha256(path)}
+                 for path in sorted(staging.iterdir()) if path.is_file()}
+        record = {**key, "rows": len(table), "files": files}
+        (staging / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
+        os.rename(staging, final)
+    except OSError:
+        if not (final / RECORD_FILE).is_file():  # not a concurrent build that finished first
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def edges_sha256(path: Path) -> str:
+    """sha256 of the first and last `EDGE_BYTES` of a file (all of it when smaller)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        digest.update(handle.read(EDGE_BYTES))
+        size = path.stat().st_size
+        if size > 2 * EDGE_BYTES:
+            handle.seek(size - EDGE_BYTES)
+            digest.update(handle.read(EDGE_BYTES))
+        elif size > EDGE_BYTES:
+            digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def check_files(folder: Path, key: dict, full: bool) -> tuple[dict | None, str | None]:
+    """(the cache's record, None) when its files are as recorded, else (None, what is wrong). Sizes and the hashes of
+    each file's start and end always; the full sha256 when `full` or when the files are small enough to hash
+    quickly."""
+    try:
+        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None, f"{RECORD_FILE} is unreadable"
+    if not isinstance(record, dict) or {k: record.get(k) for k in key} != key or not isinstance(
+            record.get("files"), dict) or not isinstance(record.get("rows"), int):
+        return None, f"{RECORD_FILE} does not describe this corpus"
+    files = record["files"]
+    for name, expected in files.items():
+        path = folder / name
+        if not path.is_file():
+            return None, f"{name} is missing"
+        if path.stat().st_size != expected.get("bytes"):
+            return None, f"{name} has {path.stat().st_size} bytes, not the {expected.get('bytes')} written"
+        if edges_sha256(path) != expected.get("edges_sha256"):
+            return None, f"{name} does not match the sha256 of its start and end recorded when it was written"
+    if full or sum(entry.get("bytes", 0) for entry in files.values()) <= FULL_CHECK_BYTES:
+        for name, expected in files.items():
+            if sha256_file(folder / name, cached=False) != expected.get("sha256"):
+                return None, f"{name} does not match the sha256 recorded when it was written"
+    return record, None
+
+
+def open_checked(folder: Path, key: dict, full: bool):
+    """(the table, None) when the cache at `folder` checks out (files, then rows as loaded), else (None, why)."""
+    import datasets
+
+    record, problem = check_files(folder, key, full)
+    if record is None:
+        return None, problem
+    try:
+        table = datasets.load_from_disk(str(folder))
+    except Exception as err:  # pyarrow and datasets raise many kinds for a damaged table
+        return None, f"it does not load ({type(err).__name__})"
+    if len(table) != record["rows"]:
+        return None, f"{len(table)} rows, not the {record['rows']} written"
+    return table, None
+
+
+def move_aside(folder: Path) -> None:
+    """Rename a damaged cache out of the way (then delete it), so that a rebuild can take its name. A concurrent
+    process may have moved it already, or replaced it with a good one meanwhile: only the folder found damaged, by
+    inode, is moved."""
+    try:
+        inode = folder.stat().st_ino
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".damaged", dir=folder.parent))
+    except OSError:
+        return
+    try:
+        if folder.stat().st_ino == inode:
+            os.replace(folder, aside / folder.name)
+    except OSError:  # moved or replaced by a concurrent process: nothing of ours to move
+        pass
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 class _Tokenize:

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from promptemb.common.cli import check_command_line
 from promptemb.common.errors import exit_on_user_error
 from promptemb.configs import CONFIG_DIR
-from promptemb.evaluation.config_checks import check_evaluate_config
+from promptemb.evaluation.config_checks import check_evaluate_config, check_mode_keys
 
 
 def check_then_run(cfg: DictConfig) -> None:
@@ -39,11 +39,11 @@ def compose_and_encode(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    exit_on_user_error(check_command_line)("evaluate", sys.argv[1:])
+    exit_on_user_error(check_command_line)("evaluate", sys.argv[1:], check_mode_keys("score"))
     compose_and_run()
 
 
 def encode_main() -> None:
     """`promptemb-encode`: evaluate.py's encode mode under its own name (configs/encode.yaml)."""
-    exit_on_user_error(check_command_line)("evaluate", sys.argv[1:])
+    exit_on_user_error(check_command_line)("encode", sys.argv[1:], check_mode_keys("encode"))
     compose_and_encode()

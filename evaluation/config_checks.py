@@ -3,11 +3,13 @@ backbone, a single template, the device, input/output files and the model files.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_folder import nothing_left_on_user_error
 from promptemb.common.validation import (
@@ -43,6 +45,7 @@ class EvaluateSettings:
     analysis: bool
     max_sentence_tokens: int | None
     seed: int
+    allow_unverified_weights: bool
     progress: bool
     pooler: str
     input: str | None
@@ -81,3 +84,30 @@ def check_evaluate_config(cfg: DictConfig) -> None:
     """Everything about an evaluate.py config that can be refuted before a model or a data file is loaded."""
     with nothing_left_on_user_error():
         _check_evaluate(cfg)
+
+
+#: Keys only one mode reads, and the key the other mode reads instead (None: nothing corresponds).
+MODE_ONLY_KEYS = {
+    "encode": {"pooler": "poolers=[NAME]", "input": None, "output": None},
+    "score": {"poolers": "pooler=NAME", "post": None, "tasks": None},
+}
+
+
+def check_mode_keys(default_mode: str) -> Callable[[list[str]], None]:
+    """The command-line check that refuses, in one line, a key of the other mode (`pooler=mask` in score mode is
+    otherwise accepted and ignored: scoring reads `poolers`). `default_mode`: the mode the entry point's config
+    sets when the command line does not."""
+
+    def check(argv: list[str]) -> None:
+        overrides = [split_override(arg) for arg in argv if not arg.startswith("-") and "=" in arg]
+        mode = next((value for _, key, value in reversed(overrides) if key == "mode"), default_mode)
+        for other_mode, keys in MODE_ONLY_KEYS.items():
+            if other_mode == mode:
+                continue
+            for _, key, _ in overrides:
+                if key in keys:
+                    instead = f"; in {mode} mode write {keys[key]}" if keys[key] else ""
+                    raise ConfigError(f"{key}= is read in {other_mode} mode only and this is {mode} mode (it "
+                                      f"would be ignored){instead}")
+
+    return check

@@ -76,13 +76,16 @@ def open_scoring(cfg: DictConfig, poolers: list) -> Scoring:
     configured `poolers` not already among them; a pretrained model with the configured template and poolers."""
     name_or_path = str(cfg.backbone.name_or_path)
     trained = open_trained_model(name_or_path, device=cfg.backbone.device, batch_size=int(cfg.backbone.batch_size),
-                                 attentions=combine_needs(poolers).attentions)
+                                 attentions=combine_needs(poolers).attentions,
+                                 verify_weights=not cfg.get("allow_unverified_weights", False))
     if trained is None:
         return Scoring(build_encoder(cfg, poolers), poolers, build_template(cfg), str(cfg.template.sentence_rule),
                        cfg.max_sentence_tokens)
     build_template(cfg)  # the sentence rule is checked as for any model
     check_input_form(trained, cfg.template.text, str(cfg.template.sentence_rule), cfg.max_sentence_tokens)
     trained.encoder.progress = bool(cfg.progress)
+    if trained.source.get("weights_verified") is False:
+        log.warning("scoring an UNVERIFIED model (allow_unverified_weights=true): %s", trained.source["weights_note"])
     log.info("scoring %s %s with its own template %r and poolers %s", trained.source["kind"], name_or_path,
              trained.template.text, ", ".join(p.name for p in trained.poolers))
     return Scoring(trained.encoder, merge_poolers(trained.poolers, poolers), trained.template, trained.sentence_rule,

@@ -5,9 +5,12 @@ DIR is both a Hugging Face model directory (AutoModel; template, pooler, layers 
 `promptemb` block) and a sentence-transformers model (`SentenceTransformer(DIR, trust_remote_code=True)`).
 """
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from promptemb.common.cli import check_command_line
 from promptemb.common.errors import exit_on_user_error
 from promptemb.configs import CONFIG_DIR
 from promptemb.exporting.runner import export_checkpoint
@@ -15,8 +18,13 @@ from promptemb.exporting.runner import export_checkpoint
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="export")
 @exit_on_user_error
-def main(cfg: DictConfig) -> None:
+def compose_and_export(cfg: DictConfig) -> None:
     out = export_checkpoint(cfg.ckpt, cfg.out, pooler=cfg.pooler, denoise=cfg.denoise, overwrite=bool(cfg.overwrite),
                             score=bool(cfg.score), score_tasks=list(cfg.score_tasks), data_root=cfg.data_root,
                             base_model=cfg.base_model)
     print(f"exported to {out}")
+
+
+def main() -> None:
+    exit_on_user_error(check_command_line)("export", sys.argv[1:])
+    compose_and_export()

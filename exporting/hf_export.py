@@ -8,18 +8,15 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from promptemb.inference.prompt_encoder import PromptEncoder
+from promptemb.inference.prompt_encoder import PromptEncoder, weights_sha256
 
 
 def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:
-    """Write into an existing empty `directory`; return the promptemb record written to config.json."""
+    """Write into an existing empty `directory`; return the promptemb record written to config.json (with the
+    sha256 of every weight file, written last so that it covers them all)."""
     record = encoder.record()
     encoder.transformer.save_pretrained(directory, safe_serialization=True)
     encoder.tokenizer.save_pretrained(directory)
-    config_path = directory / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["promptemb"] = record
-    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     head = record["pooler"]["head"]
     if head is not None:
         save_file({k: v.detach().cpu().contiguous() for k, v in encoder.head.state_dict().items()},
@@ -27,4 +24,9 @@ def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:
     if record["soft_template"] is not None:
         save_file({"vectors": encoder.soft_template.vectors.detach().cpu().contiguous()},
                   directory / record["soft_template"]["file"])
+    record["weights_sha256"] = weights_sha256(directory)
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["promptemb"] = record
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return record

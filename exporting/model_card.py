@@ -62,6 +62,12 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
         "are recorded in the `promptemb` block of config.json (plain AutoModel outputs are NOT these embeddings).",
         "",
     ]
+    hashes = record.get("weights_sha256") or {}
+    if hashes:
+        lines += ["## Weights", "",
+                  "sha256 of each weight file as exported (also in config.json's `promptemb.weights_sha256`); "
+                  "`load_encoder` and `evaluate.py` refuse a directory whose files differ:", ""]
+        lines += [f"* `{name}`: `{digest}`" for name, digest in sorted(hashes.items())] + [""]
     if scores:
         lines += ["## STS (cosine, Spearman x100, SentEval 'all' setting)", "", f"Source: {score_source}.", "",
                   markdown_table(scores)]

@@ -91,23 +91,27 @@ def from_checkpoint(path: Path, *, device, batch_size: int, attentions: bool, so
                         module.hparams.sentence_rule, None, source)
 
 
-def from_export(directory: Path, *, device, batch_size: int, attentions: bool) -> TrainedModel:
-    exported = PromptEncoder.from_export(directory, batch_size=batch_size, device=str(resolve_device(device)))
+def from_export(directory: Path, *, device, batch_size: int, attentions: bool,
+                verify_weights: bool = True) -> TrainedModel:
+    exported = PromptEncoder.from_export(directory, batch_size=batch_size, device=str(resolve_device(device)),
+                                         verify_weights=verify_weights)
     encoder = exported.encoder
     if attentions:
         switch_to_eager_attention(exported.transformer)
         encoder = Encoder.from_model(exported.transformer, exported.tokenizer, name=encoder.name_or_path,
                                      batch_size=batch_size, max_length=encoder.max_length,
                                      input_embedder=exported.soft_template)
-    source = {"kind": "export", "path": str(directory.resolve()), "record": exported.record()}
+    verification = {key: value for key, value in exported.source.items() if key.startswith("weights_")}
+    source = {"kind": "export", "path": str(directory.resolve()), **verification, "record": exported.record()}
     return TrainedModel(encoder, [exported.pooler], exported.template, exported.sentence_rule,
                         exported.max_sentence_tokens, source)
 
 
-def open_trained_model(name_or_path: str, *, device=None, batch_size: int = 64,
-                       attentions: bool = False) -> TrainedModel | None:
+def open_trained_model(name_or_path: str, *, device=None, batch_size: int = 64, attentions: bool = False,
+                       verify_weights: bool = True) -> TrainedModel | None:
     """The trained model at `name_or_path` (checkpoint, run folder or export), or None for a plain pretrained model.
-    `attentions`: load with eager attention (some extra pooler reads attention probabilities)."""
+    `attentions`: load with eager attention (some extra pooler reads attention probabilities); `verify_weights`
+    False: an export whose weight files differ from their recorded sha256 is loaded, recorded as unverified."""
     kind = source_kind(name_or_path)
     path = Path(name_or_path)
     if kind == "checkpoint":
@@ -118,7 +122,8 @@ def open_trained_model(name_or_path: str, *, device=None, batch_size: int = 64,
         return from_checkpoint(best, device=device, batch_size=batch_size, attentions=attentions,
                                source={"kind": "run", "run_dir": str(path.resolve())})
     if kind == "export":
-        return from_export(path, device=device, batch_size=batch_size, attentions=attentions)
+        return from_export(path, device=device, batch_size=batch_size, attentions=attentions,
+                           verify_weights=verify_weights)
     return None
 
 

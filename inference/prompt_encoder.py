@@ -19,7 +19,7 @@ from promptemb.common.version import framework_version
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.model import Encoder, resolve_device
 from promptemb.encoder.template import Template
-from promptemb.lightning_modules.checkpoint import load_module_checkpoint
+from promptemb.lightning_modules.checkpoint import load_module_checkpoint, sha256_file
 from promptemb.lightning_modules.heads import MLMTransformHead
 from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
@@ -30,6 +30,48 @@ FORMAT_VERSION = 1
 POOLERS = ("mask", "avg")
 HEAD_FILE = "promptemb_head.safetensors"
 SOFT_TEMPLATE_FILE = "promptemb_soft_template.safetensors"
+#: Files of an export that hold weights; each one's sha256 is recorded in the `promptemb` block at export.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
+UNVERIFIED_HINT = ("pass allow_unverified_weights=true (evaluate.py) or verify_weights=False (load_encoder) to use "
+                   "it anyway, recorded as an unverified model")
+
+
+def weight_files(directory: Path) -> list[Path]:
+    return sorted(path for path in Path(directory).rglob("*") if path.is_file() and path.suffix in WEIGHT_SUFFIXES
+                  and not path.name.startswith("."))
+
+
+def weights_sha256(directory: Path) -> dict[str, str]:
+    """sha256 of every weight file of an export directory, by path relative to it."""
+    return {path.relative_to(directory).as_posix(): sha256_file(path) for path in weight_files(directory)}
+
+
+def weight_mismatches(directory: Path, recorded: dict[str, str]) -> list[str]:
+    """How the weight files of `directory` differ from the sha256 recorded at export, one phrase per file."""
+    actual = weights_sha256(directory)
+    problems = []
+    for name, expected in sorted(recorded.items()):
+        if name not in actual:
+            problems.append(f"{name} is missing")
+        elif actual[name] != expected:
+            problems.append(f"{name} has sha256 {actual[name][:12]}..., not the {expected[:12]}... exported")
+    problems += [f"{name} was not part of the export" for name in sorted(set(actual) - set(recorded))]
+    return problems
+
+
+def verify_export_weights(directory: Path, record: dict, verify: bool = True) -> dict:
+    """Check the export's weight files against the sha256 recorded at export; returns what provenance records about
+    it. A mismatch is a one-line DataError unless `verify` is False (then the model is recorded as unverified)."""
+    recorded = record.get("weights_sha256")
+    if not isinstance(recorded, dict):
+        return {"weights_verified": None, "weights_note": "exported without weight hashes (before they were recorded)"}
+    problems = weight_mismatches(directory, recorded)
+    if problems and verify:
+        raise DataError(f"{directory}: the weights are not the ones exported ({'; '.join(problems)}); re-export the "
+                        f"checkpoint, or {UNVERIFIED_HINT}")
+    if problems:
+        return {"weights_verified": False, "weights_note": "; ".join(problems), "weights_sha256": recorded}
+    return {"weights_verified": True, "weights_sha256": recorded}
 
 
 class PromptEncoder:
@@ -201,14 +243,16 @@ class PromptEncoder:
 
     @classmethod
     def from_export(cls, directory: str | Path, *, pooler: str | None = None, batch_size: int = 64,
-                    device: str | None = None) -> PromptEncoder:
-        """`device` None / "auto": CUDA when present."""
+                    device: str | None = None, verify_weights: bool = True) -> PromptEncoder:
+        """`device` None / "auto": CUDA when present. The weight files are checked against the sha256 recorded at
+        export first (`verify_weights=False`: loaded anyway, recorded as unverified in `source`)."""
         from safetensors.torch import load_file
         from transformers import AutoModel, AutoTokenizer
 
         directory = Path(directory)
         device = resolve_device(device)
         record = read_export_record(directory)
+        verification = verify_export_weights(directory, record, verify_weights)
         transformer = AutoModel.from_pretrained(directory).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(directory)
         spec = record["pooler"]
@@ -228,7 +272,7 @@ class PromptEncoder:
                       pooler=pooler or spec["name"], layer=spec["layer"], denoise=spec["denoise"], head=head,
                       soft_template=soft, max_length=record["max_length"],
                       max_sentence_tokens=record["max_sentence_tokens"], batch_size=batch_size,
-                      source={**record.get("source", {}), "export_dir": str(directory.resolve())})
+                      source={**record.get("source", {}), "export_dir": str(directory.resolve()), **verification})
         if encoder.builder.prefix_ids != record["prefix_ids"] or encoder.builder.suffix_ids != record["suffix_ids"]:
             raise DataError(f"{directory}: the tokenizer does not reproduce the recorded template ids")
         return encoder
@@ -268,11 +312,13 @@ def read_export_record(directory: Path) -> dict:
 
 
 def load_encoder(path: str | Path, *, pooler: str | None = None, batch_size: int = 64, device: str | None = None,
-                 base_model: str | None = None) -> PromptEncoder:
+                 base_model: str | None = None, verify_weights: bool = True) -> PromptEncoder:
     """A `PromptEncoder` from an export directory or a train.py checkpoint file, on `device` (None / "auto": CUDA
-    when present, as sentence-transformers)."""
+    when present, as sentence-transformers). An export's weight files must match the sha256 recorded at export;
+    `verify_weights=False` loads them anyway and records the encoder as unverified (`encoder.source`)."""
     path = Path(path)
     if path.is_dir():
-        return PromptEncoder.from_export(path, pooler=pooler, batch_size=batch_size, device=device)
+        return PromptEncoder.from_export(path, pooler=pooler, batch_size=batch_size, device=device,
+                                         verify_weights=verify_weights)
     encoder = PromptEncoder.from_checkpoint(path, base_model=base_model, pooler=pooler, batch_size=batch_size)
     return encoder.to(resolve_device(device))

@@ -8,16 +8,31 @@
 * On SIGTERM (preemption) it saves `last.ckpt` at the next batch boundary and asks the trainer to stop there
   (Lightning then raises its SIGTERMException, which train.py turns into a one-line `PreemptedError` saying how to
   resume); with the datamodule's position and the RNG state in the checkpoint, the resumed run is exact.
+* Every checkpoint is written to a temporary file next to its target and renamed over it (`AtomicCheckpointIO`):
+  Lightning's own writer stages the file in `$TMPDIR`, so with `$TMPDIR` on another filesystem its final move is a
+  copy and a kill during it leaves a truncated `last.ckpt`. Temporary files of a process that died mid-write are
+  removed when the next run on the folder starts; a write that fails (disk full, file size limit) is one line and
+  leaves the checkpoints written before as they were.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import os
+import re
+import socket
+import tempfile
+from pathlib import Path
 
 import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from promptemb.common.errors import DivergenceError
+from promptemb.common.errors import DivergenceError, UserError
+from promptemb.common.io import fsync_directory, umask_mode
+
+log = logging.getLogger(__name__)
 
 PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
@@ -30,7 +45,91 @@ def non_finite_parameter(module: torch.nn.Module) -> str | None:
     return None
 
 
+class CheckpointWriteError(UserError):
+    """A checkpoint could not be written (disk full, file size limit, permissions); nothing earlier was touched."""
+
+
+#: `.NAME.HOST.PID.RANDOM.partial`: whose write it is, so a later run can tell an orphan from a live write.
+PARTIAL_SUFFIX = ".partial"
+PARTIAL_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[^.]+" + re.escape(PARTIAL_SUFFIX) + "$")
+
+
+def partial_prefix(target: Path) -> str:
+    return f".{target.name}.{socket.gethostname().split('.')[0]}.{os.getpid()}."
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """torch.save into a temporary file in the target's folder, fsync, then `os.replace` onto the target: on any
+    filesystem layout a reader (or a resumed run) finds the previous complete file or the new complete file."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if "://" in str(path):  # remote storage: fsspec's transaction is its atomic write
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        target = Path(path)
+        buffer = io.BytesIO()  # serialised first, so a failed write is an OSError, not torch's RuntimeError
+        torch.save(checkpoint, buffer)
+        tmp = None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=partial_prefix(target), suffix=PARTIAL_SUFFIX, dir=target.parent)
+            tmp = Path(name)
+            with os.fdopen(fd, "wb") as file:
+                file.write(buffer.getbuffer())
+                file.flush()
+                os.fsync(file.fileno())
+            tmp.chmod(umask_mode())
+            os.replace(tmp, target)
+            fsync_directory(target.parent)
+        except OSError as err:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            kept = sorted(p.name for p in target.parent.glob("*.ckpt")) if target.parent.is_dir() else []
+            raise CheckpointWriteError(
+                f"could not write checkpoint {target}: {err.strerror or err}; the checkpoints written before are "
+                f"intact ({', '.join(kept) or 'none yet'}); free disk space (or raise the file size limit) and resume "
+                "with ckpt_path=last") from None
+        except BaseException:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            raise
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_orphaned_partials(folder: Path) -> list[Path]:
+    """Temporary checkpoint files of processes on this host that are gone (killed mid-write); returns them, removed.
+    Another host's files are left: whether its writer lives cannot be told from here."""
+    host = socket.gethostname().split(".")[0]
+    removed = []
+    for path in sorted(Path(folder).glob(f".*{PARTIAL_SUFFIX}")) if Path(folder).is_dir() else []:
+        match = PARTIAL_NAME.match(path.name)
+        if match and match["host"] == host and not process_alive(int(match["pid"])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 class RunCheckpoint(ModelCheckpoint):
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        # exactly Lightning's default writer: another one (an async or remote plugin) was chosen on purpose
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if trainer.is_global_zero and self.dirpath:
+            removed = remove_orphaned_partials(Path(self.dirpath))
+            if removed:
+                log.warning("removed %d partial checkpoint file(s) left by a process killed while writing: %s",
+                            len(removed), ", ".join(p.name for p in removed))
+
     def state_dict(self) -> dict:
         state = super().state_dict()
         relative = {key: self._relative(state.get(key)) for key in PATH_KEYS}

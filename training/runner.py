@@ -20,6 +20,7 @@ from promptemb.exporting.runner import check_out, export_checkpoint
 from promptemb.lightning_modules.checkpoint import read_checkpoint
 from promptemb.training.config_checks import check_train_config
 from promptemb.training.loggers import build_loggers, finish_wandb, log_config
+from promptemb.training.memory import out_of_memory_is_one_line
 from promptemb.training.optuna_search import run_study
 from promptemb.training.rng_state import RandomStateCallback
 from promptemb.training.run_dirs import in_multirun, resume_checkpoint
@@ -98,7 +99,8 @@ def train(cfg: DictConfig) -> pl.Trainer:
     exit_code = 1
     try:
         try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=str(checkpoint) if checkpoint else None)
+            with out_of_memory_is_one_line(cfg, trainer):
+                trainer.fit(module, datamodule=datamodule, ckpt_path=str(checkpoint) if checkpoint else None)
         except SIGTERMException:
             raise PreemptedError(f"preempted (SIGTERM) at step {trainer.global_step}: saved "
                             f"{trainer.checkpoint_callback.last_model_path}; resume with the same command plus "

@@ -1,0 +1,89 @@
+"""Fault injection, values and keys: non-finite numbers, keys that would be accepted and then ignored, misspelt
+keys and group options. Each ends the entry point in one `error:` line (with the closest valid name where there is
+one), exit status 2, no traceback, and no run folder left behind."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from promptemb.common.cli import check_command_line
+from promptemb.common.errors import ConfigError
+from promptemb.common.validation import RANGES, check_value
+from promptemb.evaluation.config_checks import check_mode_keys
+from promptemb.training.command_line import check_experiment_overrides, check_train_only_keys
+from tests.faults import assert_one_line_failure, listing, run_entry
+
+ENTRY_CHECKS = {"train": (check_experiment_overrides, check_train_only_keys), "evaluate": (check_mode_keys("score"),),
+                "encode": (check_mode_keys("encode"),), "export": ()}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("key", ["optimizer.lr", "model.temperature", "scheduler.warmup_ratio",
+                                 "trainer.gradient_clip_val", "optimizer.weight_decay"])
+def test_non_finite_numbers_fail_every_range_check(key, value):
+    with pytest.raises(ConfigError, match=r"must be a finite number \(not nan or inf\)$"):
+        check_value(key, value, float)
+    assert not RANGES[key.rsplit(".", 1)[-1]].contains(value)
+
+
+def test_non_finite_numbers_fail_even_where_no_range_is_declared():
+    with pytest.raises(ConfigError, match="finite"):
+        check_value("pooler_args.whatever.scale", math.nan, float)
+
+
+@pytest.mark.parametrize(("entry", "argv", "pattern"), [
+    ("evaluate", ["poolerz=[mask]"], r"^'poolerz' is not a key of evaluate\.py's config; did you mean 'poolers'\?"),
+    ("evaluate", ["poolerz=mask"], r"did you mean 'pooler'\?"),
+    ("evaluate", ["backbone=bert_larg"], r"^evaluate\.py: there is no backbone 'bert_larg' .*did you mean "
+                                         r"backbone=bert_base\? valid backbone: bert_base, minilm, roberta_base$"),
+    ("encode", ["poolr=mask"], r"'poolr' is not a key of promptemb-encode's config; did you mean 'pooler'\?"),
+    ("train", ["backbone=bert_larg"], r"^train\.py: there is no backbone 'bert_larg' .*backbone=bert_base"),
+    ("train", ["template=promptbert_bertt"], r"there is no template 'promptbert_bertt' .*did you mean "
+                                             r"template=promptbert_bert\?"),
+    ("train", ["trainer.max_step=3"], r"did you mean 'trainer\.max_steps'\?"),
+    ("export", ["ckpts=a.ckpt"], r"^'ckpts' is not a key of export\.py's config; did you mean 'ckpt'\?"),
+    ("evaluate", ["pooler=mask"], r"^pooler= is read in encode mode only and this is score mode \(it would be "
+                                  r"ignored\); in score mode write poolers=\[NAME\]$"),
+    ("evaluate", ["input=a.txt"], r"^input= is read in encode mode only"),
+    ("evaluate", ["mode=encode", "poolers=[mask]"], r"^poolers= is read in score mode only .* write pooler=NAME$"),
+    ("encode", ["poolers=[mask]"], r"^poolers= is read in score mode only"),
+    ("train", ["backbone.max_length=8"], r"^train\.py does not read backbone\.max_length .*set "
+                                         r"\+model\.max_length=N"),
+    ("train", ["backbone.dtype=bfloat16"], r"^train\.py does not read backbone\.dtype .*trainer\.precision"),
+])
+def test_command_line_mistakes_are_one_line_with_the_closest_name(entry, argv, pattern, tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        check_command_line(entry, [*argv, f"output_dir={tmp_path / 'out'}"] if entry != "export" else argv,
+                           *ENTRY_CHECKS[entry])
+    assert "\n" not in str(refused.value)
+    assert re.search(pattern, str(refused.value)), str(refused.value)
+    assert listing(tmp_path) == []
+
+
+def test_what_each_mode_reads_is_still_accepted(tmp_path):
+    check_command_line("evaluate", ["poolers=[mask]", f"output_dir={tmp_path / 'o'}"], check_mode_keys("score"))
+    check_command_line("evaluate", ["mode=encode", "pooler=mask", "input=a.txt"], check_mode_keys("score"))
+    check_command_line("encode", ["pooler=mask"], check_mode_keys("encode"))
+    check_command_line("train", ["backbone=minilm", "backbone.name_or_path=x", "+model.max_length=64"],
+                       *ENTRY_CHECKS["train"])
+
+
+@pytest.mark.parametrize(("script", "argv", "pattern"), [
+    ("evaluate.py", ["poolerz=[mask]"], r"^error: 'poolerz' is not a key of evaluate\.py's config; did you mean "
+                                        r"'poolers'\?"),
+    pytest.param("train.py", ["backbone=bert_larg"], r"^error: train\.py: there is no backbone 'bert_larg'",
+                 marks=pytest.mark.slow),
+    pytest.param("train.py", ["experiment=quickstart_unsup", "optimizer.lr=nan"],
+                 r"^error: optimizer\.lr=nan is not valid: lr must be a finite number", marks=pytest.mark.slow),
+    pytest.param("export.py", ["ckpts=a.ckpt"], r"^error: 'ckpts' is not a key of export\.py's config",
+                 marks=pytest.mark.slow),
+])
+def test_entry_points_exit_2_with_one_line_and_leave_nothing(script, argv, pattern, real_data_root, tmp_path):
+    out = tmp_path / "out"
+    extra = [f"output_dir={out}"] if script != "export.py" else []
+    proc = run_entry(script, *argv, *extra, data_root=real_data_root, cwd=tmp_path)
+    assert_one_line_failure(proc, pattern)
+    assert listing(tmp_path) == []

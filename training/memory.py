@@ -1,0 +1,48 @@
+"""Out of memory during training, on the CPU or a GPU: one line naming the settings that use less memory per step,
+instead of a torch traceback (the run is then recorded as failed like any other one-line error)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from omegaconf import DictConfig
+
+from promptemb.common.errors import UserError
+
+
+class TrainingOutOfMemoryError(UserError):
+    """A training step needed more memory than the device (or the machine) has."""
+
+
+#: How allocators word it: CUDA ("CUDA out of memory"), the CPU allocator ("DefaultCPUAllocator: can't allocate
+#: memory"), MPS ("MPS backend out of memory"), and a loader worker ended by the kernel's out-of-memory killer.
+MARKERS = ("out of memory", "can't allocate memory", "not enough memory", "is killed by signal: Killed")
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, MemoryError):
+        return True
+    return isinstance(err, RuntimeError) and any(marker in str(err) for marker in MARKERS)
+
+
+def out_of_memory_message(err: BaseException, step: int, cfg: DictConfig) -> str:
+    what = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    what = what if len(what) <= 160 else what[:157] + "..."
+    model = cfg.get("model") or {}
+    chunk = model.get("grad_cache_chunk_size")
+    batch = (cfg.get("data") or {}).get("batch_size")
+    return (f"out of memory at step {step} ({what}); use less memory per step: a smaller data.batch_size (now "
+            f"{batch}), model.grad_cache_chunk_size=N to embed each batch in chunks of N examples (now {chunk}), or "
+            f"model.gradient_checkpointing=true (now {str(model.get('gradient_checkpointing', False)).lower()})")
+
+
+@contextlib.contextmanager
+def out_of_memory_is_one_line(cfg: DictConfig, trainer) -> Iterator[None]:
+    """Inside: an out-of-memory error becomes a one-line `TrainingOutOfMemoryError`."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as err:
+        if not is_out_of_memory(err):
+            raise
+        raise TrainingOutOfMemoryError(out_of_memory_message(err, trainer.global_step, cfg)) from None
