@@ -12,6 +12,7 @@ from promptemb.common.cli import check_command_line
 from promptemb.common.errors import exit_on_user_error
 from promptemb.configs import CONFIG_DIR
 from promptemb.training.command_line import check_experiment_overrides, check_override_keys
+from promptemb.training.preflight import check_run_before_hydra
 from promptemb.training.runner import run
 
 
@@ -23,5 +24,6 @@ def compose_and_run(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    exit_on_user_error(check_command_line)("train", sys.argv[1:], check_experiment_overrides, check_override_keys)
+    exit_on_user_error(check_command_line)("train", sys.argv[1:], check_experiment_overrides, check_override_keys,
+                                           check_run_before_hydra)
     compose_and_run()
