@@ -19,7 +19,7 @@ def fast_overrides(model: Path, root: Path, out: Path, corpus: Path | str = WIKI
             f"output_dir={out}", "trainer.accelerator=cpu", "trainer.precision=32-true", "data.batch_size=4",
             "data.download=null", f"data.files=[{corpus}]", "data.max_examples=24", "trainer.max_steps=4",
             "trainer.max_epochs=2", "eval_every_n_steps=2", "optimizer.lr=1e-3", "data.num_workers=0",
-            "callbacks.sts_evaluation=null", "callbacks.model_checkpoint.monitor=null",
+            "trainer.log_every_n_steps=1", "callbacks.sts_evaluation=null", "callbacks.model_checkpoint.monitor=null",
             "callbacks.model_checkpoint.filename='step{step}'", *extra]
 
 

@@ -63,7 +63,7 @@ def test_no_import_circle():
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                circles.append(stack[stack.index(nxt):] + [nxt])
+                circles.append([*stack[stack.index(nxt):], nxt])
             elif nxt not in state:
                 visit(nxt, [*stack, nxt])
         state[node] = 2
