@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from promptemb.common.errors import ConfigError
+from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.training.run_lock import LOCK_FILE, check_run_folder, lock_holder, run_folder_lock
 from tests.run_faults import WIKI_SAMPLE, assert_one_line_error, fast_overrides, snapshot, train_py
 
@@ -108,3 +109,14 @@ def test_a_run_that_fails_without_a_checkpoint_leaves_nothing_behind(fault, extr
     proc = train_py(*fast_overrides(tiny_bert, real_data_root, out, corpus, *extra), cwd=tmp_path)
     assert_one_line_error(proc, 2, message)
     assert not (tmp_path / "logs").exists()
+
+
+def test_evaluate_on_a_run_folder_without_checkpoints_is_one_line(tmp_path):
+    """A kept run folder without a checkpoint is still a run folder to evaluate.py: it says so, instead of trying to
+    load a tokenizer from it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "status.json").write_text('{"status": "failed"}\n')
+    assert source_kind(str(run)) == "run"
+    with pytest.raises(ConfigError, match=rf"run folder {run} has no scored checkpoint in {run / 'checkpoints'}"):
+        best_checkpoint(run)

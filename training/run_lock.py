@@ -61,6 +61,11 @@ def describe_holder(text: str) -> str:
         return "another process"
 
 
+def in_use(folder: Path, holder: str) -> ConfigError:
+    return ConfigError(f"output_dir {folder} is in use by a live run ({holder}); wait for it to end or stop it, or "
+                       "pass another output_dir")
+
+
 def holds_a_run(folder: Path) -> bool:
     return any((Path(folder) / name).exists() for name in RUN_RECORDS)
 
@@ -84,8 +89,7 @@ def check_run_folder(folder: str | Path, checkpoint: Path | None, overwrite: boo
     folder = Path(folder)
     holder = lock_holder(folder)
     if holder:
-        raise ConfigError(f"output_dir {folder} is in use by a live run ({holder}); wait for it to end or stop it, "
-                          "or pass another output_dir")
+        raise in_use(folder, holder)
     if not holds_a_run(folder) or resumes_into(folder, checkpoint) or overwrite:
         return
     last = folder / "checkpoints" / "last.ckpt"
@@ -122,8 +126,7 @@ def run_folder_lock(folder: str | Path) -> Iterator[None]:
             handle.seek(0)
             holder = describe_holder(handle.read())
             handle.close()
-            raise ConfigError(f"output_dir {folder} is in use by a live run ({holder}); wait for it to end or stop "
-                              "it, or pass another output_dir") from None
+            raise in_use(folder, holder) from None
         # the previous holder may have removed the file between our open and our lock: lock the file that is there
         try:
             same = os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
