@@ -61,6 +61,7 @@ def test_ctrl_c_before_the_first_checkpoint_leaves_nothing(tiny_bert, real_data_
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_hint_is_the_exact_command_even_with_output_dir(tiny_bert, real_data_root, tmp_path):
     """`ckpt_path=last` would look for the newest run under logs/, not in this output_dir: the printed command names
     both, and running it as printed finishes the run."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -112,7 +113,9 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(uninterrupted, tiny_b
         f"error: preempted (SIGTERM) at step 5: saved {last.resolve()}; resume with: ")
     assert proc.stderr.strip().endswith(f"output_dir={stopped.resolve()} ckpt_path={last.resolve()}")
     assert torch.load(last, weights_only=True)["global_step"] == 5
-    assert train_py(*overrides(tiny_bert_dropout, real_data_root, stopped, f"ckpt_path={last}")).returncode == 0
+    printed = shlex.split(proc.stderr.strip().splitlines()[-1].split("resume with: ", 1)[1])
+    assert printed[1] == str(REPO / "train.py")
+    assert train_py(*printed[2:]).returncode == 0  # the printed command, as a user pastes it
     assert_same_run(run_state(stopped), uninterrupted)
 
 

@@ -69,13 +69,13 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def train(cfg: DictConfig) -> pl.Trainer:
-    check_train_config(cfg)  # types, ranges, devices, paths, weights, data columns: before any model or data loads
-    apply_extras(cfg)
-    resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
     run_dir = Path(cfg.output_dir)
     export_dir = cfg.get("export_dir")
     with contextlib.ExitStack() as held:
         with before_the_run():  # a refusal here leaves the run folder exactly as it was
+            check_train_config(cfg)  # types, ranges, devices, paths, weights, data columns: before anything loads
+            apply_extras(cfg)
+            resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
             checks = preflight(cfg)  # the checkpoint, its lineage, the folder's owner
             if export_dir:
                 check_out(Path(export_dir), overwrite=False)  # fail before training, not after

@@ -49,11 +49,11 @@ class RunInterruptedError(UserError):
 
 @contextlib.contextmanager
 def before_the_run() -> Iterator[None]:
-    """A user error raised inside comes before the run takes its folder: `run_trial` then leaves the folder exactly
-    as it found it (no status.json, nothing removed that was there before)."""
+    """A user error (or Ctrl-C) raised inside comes before the run takes its folder: `run_trial` then leaves the
+    folder exactly as it found it (no status.json, nothing removed that was there before)."""
     try:
         yield
-    except UserError as err:
+    except (UserError, KeyboardInterrupt) as err:
         err.before_the_run = True
         raise
 
@@ -122,10 +122,10 @@ def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], i
         outcome.status = (PREEMPTED if isinstance(err, PreemptedError) else
                           INTERRUPTED if isinstance(err, RunInterruptedError) else FAILED)
         outcome.reason = str(err).splitlines()[0] if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
-        if raised_before_the_run(err):
-            if not in_sweep:
-                remove_if_untouched(run_dir)  # only a folder this run's Hydra just created, holding nothing else
-                raise
+        before = raised_before_the_run(caught)
+        if before and not in_sweep:
+            remove_if_untouched(run_dir)  # only a folder this run's Hydra just created, holding nothing else
+        elif before:
             record(outcome, run_dir, run_folder=False)
         elif not in_sweep and not has_checkpoint(run_dir):
             remove_failed_run(run_dir)
@@ -133,12 +133,12 @@ def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], i
             record(outcome, run_dir)
         if isinstance(err, RunInterruptedError) and in_multirun() and (sweep_dir := hydra_sweep_dir()) is not None:
             summarise_sweep(sweep_dir, title_suffix=" (interrupted)")
-        if isinstance(caught, KeyboardInterrupt):
-            raise err from None
-        if not in_sweep or isinstance(err, RunInterruptedError):
+        if in_sweep and not isinstance(err, RunInterruptedError):
+            log.error("trial failed: %s", outcome.reason)
+            return outcome
+        if err is caught:
             raise
-        log.error("trial failed: %s", outcome.reason)
-        return outcome
+        raise err from None
     record(outcome, run_dir)
     return outcome
 
