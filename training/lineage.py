@@ -18,6 +18,7 @@ Paths are recorded for the message only: a corpus or a model that moved with the
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -158,10 +159,16 @@ def check_lineage(checkpoint_path: Path, checkpoint: dict, current: dict) -> Non
 
 
 class LineageCallback(pl.Callback):
-    """Writes the run's lineage into every checkpoint it saves."""
+    """Writes the run's lineage into every checkpoint it saves. Computed when training starts unless already known
+    (a resume compares it first): by then a downloaded corpus is on disk, and a run refused earlier hashed nothing."""
 
-    def __init__(self, lineage: dict):
-        self.lineage = dict(lineage)
+    def __init__(self, compute: Callable[[], dict], known: dict | None = None):
+        self.compute = compute
+        self.lineage = dict(known) if known is not None else None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self.lineage is None:
+            self.lineage = self.compute()
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[CHECKPOINT_KEY] = self.lineage
+        checkpoint[CHECKPOINT_KEY] = self.lineage if self.lineage is not None else self.compute()

@@ -27,7 +27,7 @@ from promptemb.training.run_lock import check_run_folder, first_process_of_job
 class Preflight:
     checkpoint: Path | None  # the checkpoint to resume from, None for a fresh run
     resumed: dict | None  # its contents (memory-mapped: only the header is read)
-    lineage: dict  # this run's, written into every checkpoint it saves
+    lineage: dict | None  # this run's, when resuming (compared with the checkpoint's); written into every checkpoint
 
 
 def preflight(cfg: DictConfig) -> Preflight:
@@ -36,7 +36,7 @@ def preflight(cfg: DictConfig) -> Preflight:
                                    Path(cfg.paths.log_dir) / cfg.task_name)
     # a missing, damaged or foreign checkpoint: one line now, not a traceback from Lightning
     resumed = read_checkpoint(checkpoint, argument="ckpt_path") if checkpoint else None
-    lineage = run_lineage(cfg)
+    lineage = run_lineage(cfg) if checkpoint else None  # a fresh run computes it when training starts
     if checkpoint:
         check_lineage(checkpoint, resumed, lineage)
     if first_process_of_job():  # the other ranks of a DDP job run in the folder their first process holds

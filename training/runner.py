@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import warnings
@@ -20,7 +21,7 @@ from promptemb.common.instantiate import build
 from promptemb.data.root import resolve_data_root
 from promptemb.exporting.runner import check_out, export_checkpoint
 from promptemb.training.config_checks import check_train_config
-from promptemb.training.lineage import LineageCallback
+from promptemb.training.lineage import LineageCallback, run_lineage
 from promptemb.training.loggers import build_loggers, finish_wandb, log_config
 from promptemb.training.optuna_search import run_study
 from promptemb.training.preflight import Preflight, preflight
@@ -100,7 +101,8 @@ def fit(cfg: DictConfig, checks: Preflight, loggers: list, export_dir: str | Non
     module = build_module(cfg)
     callbacks = [build(c) for c in cfg.callbacks.values() if c is not None]
     callbacks.append(RandomStateCallback())  # exact resume: dropout draws continue where the checkpoint left them
-    callbacks.append(LineageCallback(checks.lineage))  # what a resume of any of its checkpoints must match
+    # what a resume of any of its checkpoints must match
+    callbacks.append(LineageCallback(functools.partial(run_lineage, cfg), checks.lineage))
     for callback in callbacks:
         if isinstance(callback, STSEvaluationCallback):
             callback.provenance.update(seed=int(cfg.seed), config=OmegaConf.to_container(cfg, resolve=True),
