@@ -25,7 +25,7 @@ def test_fresh_run_into_a_finished_runs_folder_is_refused(finished_run):
     out = finished_run["out"]
     before = snapshot(out)
     proc = train_py(*finished_run["overrides"])
-    line = assert_one_line_error(proc, 2, f"output_dir {out} already holds a completed run; ")
+    line = assert_one_line_error(proc, 2, f"output_dir {out} already holds a run (completed); ")
     assert f"resume it with ckpt_path={out / 'checkpoints' / 'last.ckpt'}" in line and "overwrite=true" in line
     assert snapshot(out) == before
 

@@ -94,7 +94,7 @@ def check_run_folder(folder: str | Path, checkpoint: Path | None, overwrite: boo
         return
     last = folder / "checkpoints" / "last.ckpt"
     back_in = f"resume it with ckpt_path={last}, " if last.is_file() else ""
-    raise ConfigError(f"output_dir {folder} already holds a {recorded_status(folder)} run; {back_in}pass another "
+    raise ConfigError(f"output_dir {folder} already holds a run ({recorded_status(folder)}); {back_in}pass another "
                       "output_dir, or overwrite=true to replace it")
 
 

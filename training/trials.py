@@ -68,7 +68,7 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 #: What a run writes into its folder: a failed run without a checkpoint removes these and, if nothing else is left,
 #: the folder (a user's own files in an output_dir they pointed at are never removed).
-RUN_WRITES = (*HYDRA_OWN_FILES, *RUN_RECORDS, LOCK_FILE, "wandb")
+RUN_WRITES = (*HYDRA_OWN_FILES, *RUN_RECORDS, LOCK_FILE, "wandb", "curve.png", "results.md", "results.png")
 
 
 def remove_failed_run(run_dir: Path) -> None:
@@ -77,7 +77,7 @@ def remove_failed_run(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     for entry in run_dir.iterdir():
-        if entry.name in RUN_WRITES or entry.suffix == ".log":
+        if entry.name in RUN_WRITES or entry.suffix == ".log" or entry.name.startswith("results_"):  # _<family>.png
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
     remove_if_untouched(run_dir)  # now empty unless the user keeps files of their own there
 
