@@ -76,3 +76,28 @@ def test_sigterm_hint_is_the_exact_command_even_with_output_dir(tiny_bert, real_
     resumed = run_printed_command(line.replace("+callbacks.kill.step=3", "+callbacks.kill.step=99"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_an_optuna_trial_writes_the_study_and_its_table(tiny_bert, real_data_root, tmp_path):
+    configs = tmp_path / "configs" / "hparams_search"
+    configs.mkdir(parents=True)
+    (configs / "two.yaml").write_text(
+        "# @package _global_\n"
+        "hparams_search:\n"
+        "  study_name: two\n  direction: maximize\n  n_trials: 2\n  storage: null\n"
+        "  sampler: {_target_: optuna.samplers.RandomSampler, seed: 0}\n"
+        "  enqueue:\n    - {optimizer.lr: 1.0e-4}\n"
+        "  params:\n    optimizer.lr: tag(log, interval(1e-5, 1e-3))\n")
+    out = tmp_path / "study"
+    proc = train_py(f"--config-dir={tmp_path / 'configs'}", *fast_overrides(tiny_bert, real_data_root, out),
+                    "hparams_search=two", *SIGINT_AT, "+callbacks.kill.step=3")
+    line = assert_one_line_error(proc, 130, "interrupted (Ctrl-C) at step 3; resume with: ")
+    trial = out / "trials" / "0"
+    assert line.endswith(f"optimizer.lr=0.0001 output_dir={trial.resolve()} "
+                         f"ckpt_path={(trial / 'checkpoints' / 'last.ckpt').resolve()}")
+    assert "hparams_search" not in line and f"--config-dir={tmp_path / 'configs'}" in line
+    assert json.loads((trial / "status.json").read_text())["status"] == "interrupted"
+    assert [row["status"] for row in json.loads((out / "summary.json").read_text())["trials"]] == ["interrupted"]
+    assert [t["state"] for t in json.loads((out / "study.json").read_text())["trials"]] == ["FAIL"]
+    assert not (out / "trials" / "1").exists()

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from promptemb.common.errors import ConfigError
 from promptemb.common.io import atomic_write_json
 from promptemb.common.optional import require
+from promptemb.training.run_dirs import STUDY_TRIAL_OVERRIDES
 from promptemb.training.trials import (
     COMPLETED,
     INTERRUPTED,
@@ -106,6 +107,7 @@ def run_study(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None]) -
         overrides = [*base, *(f"{key}={override_value(value)}" for key, value in trial.params.items()),
                      f"output_dir={trial_dir}", "~hparams_search"]
         log.info("trial %d: %s", number, trial.params)
+        token = STUDY_TRIAL_OVERRIDES.set(overrides)  # what a stopped trial's resume command repeats
         try:
             outcome = run_study_trial(compose, overrides, trial_dir, train_fn, trial.params)
         except RunInterruptedError as err:  # Ctrl-C: the study stops; what ran so far is written down
@@ -114,6 +116,8 @@ def run_study(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None]) -
                          "reason": str(err), "run_dir": str(trial_dir)})
             write_study(study, search, study_dir, rows, optuna)
             raise
+        finally:
+            STUDY_TRIAL_OVERRIDES.reset(token)
         if outcome.status == COMPLETED and outcome.objective is not None:
             study.tell(trial, outcome.objective)
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import sys
+from contextvars import ContextVar
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -67,10 +68,17 @@ def run_dir(ckpt_path: str | None, resume: bool, task_dir: str, stamp: str) -> s
     return str(Path(task_dir) / "runs" / stamp)
 
 
+#: The overrides of the Optuna trial running now (its config is composed in-process, not by Hydra's job).
+STUDY_TRIAL_OVERRIDES: ContextVar[list[str] | None] = ContextVar("study_trial_overrides", default=None)
+
+
 def command_overrides() -> list[str]:
-    """This run's overrides: the running Hydra job's (in a sweep, this trial's values), else the command line's."""
+    """This run's overrides: an Optuna trial's, the running Hydra job's (in a sweep, this trial's values), else the
+    command line's."""
     from hydra.core.hydra_config import HydraConfig
 
+    if STUDY_TRIAL_OVERRIDES.get() is not None:
+        return list(STUDY_TRIAL_OVERRIDES.get())
     if HydraConfig.initialized():
         return list(HydraConfig.get().overrides.task)
     return [arg for arg in sys.argv[1:] if not arg.startswith("-")]
@@ -84,7 +92,7 @@ def resume_command(output_dir: str | Path, checkpoint: str | Path) -> str:
         sys.executable).resolve() else sys.executable
     head = [python, program] if program.endswith(".py") else [program]
     flags = [arg for arg in sys.argv[1:] if arg.startswith("-") and "=" in arg]  # --config-dir=..., not -m
-    replaced = ("ckpt_path", "resume", "output_dir")
+    replaced = ("ckpt_path", "resume", "output_dir", "hparams_search")  # a study's trial resumes as a single run
     kept = [o for o in command_overrides() if o.lstrip("+~").split("=", 1)[0] not in replaced]
     return shlex.join([*head, *flags, *kept, f"output_dir={Path(output_dir).resolve()}",
                        f"ckpt_path={Path(checkpoint).resolve()}"])
