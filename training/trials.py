@@ -34,7 +34,7 @@ from promptemb.common.run_folder import HYDRA_OWN_FILES, remove_if_untouched
 from promptemb.research.seed_report import seed_report as write_seed_report
 from promptemb.research.seed_report import summary_line
 from promptemb.training.run_dirs import in_multirun, resume_hint
-from promptemb.training.run_lock import LOCK_FILE, RUN_RECORDS
+from promptemb.training.run_lock import LOCK_FILE, RUN_RECORDS, first_process_of_job
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "status.json"
@@ -78,7 +78,10 @@ def remove_failed_run(run_dir: Path) -> None:
         return
     for entry in run_dir.iterdir():
         if entry.name in RUN_WRITES or entry.suffix == ".log" or entry.name.startswith("results_"):  # _<family>.png
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
     remove_if_untouched(run_dir)  # now empty unless the user keeps files of their own there
 
 
@@ -128,7 +131,8 @@ def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], i
         elif before:
             record(outcome, run_dir, run_folder=False)
         elif not in_sweep and not has_checkpoint(run_dir):
-            remove_failed_run(run_dir)
+            if first_process_of_job():  # the other ranks of a DDP job share the folder: one process removes it
+                remove_failed_run(run_dir)
         else:
             record(outcome, run_dir)
         if isinstance(err, RunInterruptedError) and in_multirun() and (sweep_dir := hydra_sweep_dir()) is not None:
