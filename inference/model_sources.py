@@ -26,6 +26,7 @@ from promptemb.poolers.base import Pooler
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
+RUN_STATUS = "status.json"  # what train.py writes into every run folder it keeps (training/trials.py)
 
 
 @dataclass
@@ -45,8 +46,8 @@ def source_kind(name_or_path: str) -> str:
     path = Path(name_or_path)
     if path.is_file():
         return "checkpoint"
-    if path.is_dir() and (path / CHECKPOINT_DIR).is_dir():
-        return "run"
+    if path.is_dir() and ((path / CHECKPOINT_DIR).is_dir() or (path / RUN_STATUS).is_file()):
+        return "run"  # a run that saved no checkpoint is still a run folder: one line, not a tokenizer traceback
     if path.is_dir() and export_block(path) is not None:
         return "export"
     return "pretrained"

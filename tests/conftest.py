@@ -1,10 +1,12 @@
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import save_tiny_bert, save_tiny_roberta, write_mini_senteval
+from tests.run_faults import WIKI_SAMPLE, fast_overrides, train_py
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -49,3 +51,17 @@ def real_data_root() -> Path:
 def tiny_bert_dropout(tmp_path_factory) -> Path:
     """A tiny BERT with dropout on: resumed runs must replay the same dropout masks."""
     return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert_dropout"), dropout=0.1)
+
+
+@pytest.fixture(scope="session")
+def finished_run(tiny_bert, real_data_root, tmp_path_factory) -> dict:
+    """A completed 4-step run (checkpoints at steps 2 and 4) on its own copy of a corpus, for tests that resume it,
+    refuse it or start over it; tests that change it work on a copy. {"out", "corpus", "overrides"}."""
+    base = tmp_path_factory.mktemp("finished_run")
+    corpus = base / "corpus.txt"
+    shutil.copyfile(real_data_root / WIKI_SAMPLE, corpus)
+    out = base / "run"
+    overrides = fast_overrides(tiny_bert, real_data_root, out, corpus)
+    proc = train_py(*overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"out": out, "corpus": corpus, "overrides": overrides}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -108,11 +109,13 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(uninterrupted, tiny_b
     proc = train_py(*overrides(tiny_bert_dropout, real_data_root, stopped, *term))
     assert proc.returncode == 143
     last = stopped / "checkpoints" / "last.ckpt"
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: preempted (SIGTERM) at step 5: saved {last.resolve()}; resume with the same command plus "
-        "ckpt_path=last (or ckpt_path=PATH of that file)")
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: preempted (SIGTERM) at step 5: saved {last.resolve()}; resume with: ")
+    assert proc.stderr.strip().endswith(f"output_dir={stopped.resolve()} ckpt_path={last.resolve()}")
     assert torch.load(last, weights_only=True)["global_step"] == 5
-    assert train_py(*overrides(tiny_bert_dropout, real_data_root, stopped, f"ckpt_path={last}")).returncode == 0
+    printed = shlex.split(proc.stderr.strip().splitlines()[-1].split("resume with: ", 1)[1])
+    assert printed[1] == str(REPO / "train.py")
+    assert train_py(*printed[2:]).returncode == 0  # the printed command, as a user pastes it
     assert_same_run(run_state(stopped), uninterrupted)
 
 

@@ -16,6 +16,7 @@ from promptemb.common.cli import MULTIRUN_FLAGS
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.common.overrides import parse_overrides, sweep_values
 from promptemb.configs import CONFIG_DIR
+from promptemb.training.preflight import check_run_before_hydra
 from promptemb.training.runner import run
 
 
@@ -82,5 +83,5 @@ def compose_and_run(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     exit_on_user_error(cli.check_command_line)("train", sys.argv[1:], check_experiment_overrides,
-                                                check_train_only_keys)
+                                                check_train_only_keys, check_run_before_hydra)
     compose_and_run()

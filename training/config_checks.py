@@ -43,6 +43,7 @@ class TrainSettings:
     template: dict
     extras: dict | None = None
     hparams_search: dict | None = None
+    overwrite: bool = False
     expected_scores: dict | None = None
 
 

@@ -20,7 +20,16 @@ from omegaconf import DictConfig, OmegaConf
 from promptemb.common.errors import ConfigError
 from promptemb.common.io import atomic_write_json
 from promptemb.common.optional import require
-from promptemb.training.trials import COMPLETED, exit_if_failed, run_trial, summarise, task_overrides
+from promptemb.training.run_dirs import STUDY_TRIAL_OVERRIDES
+from promptemb.training.trials import (
+    COMPLETED,
+    INTERRUPTED,
+    RunInterruptedError,
+    exit_if_failed,
+    run_trial,
+    summarise,
+    task_overrides,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,20 +107,43 @@ def run_study(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None]) -
         overrides = [*base, *(f"{key}={override_value(value)}" for key, value in trial.params.items()),
                      f"output_dir={trial_dir}", "~hparams_search"]
         log.info("trial %d: %s", number, trial.params)
+        token = STUDY_TRIAL_OVERRIDES.set(overrides)  # what a stopped trial's resume command repeats
         try:
-            trial_cfg = compose(config_name="train", overrides=overrides)
-        except Exception as err:  # an impossible combination: a failed trial, not a failed study
-            trial_dir.mkdir(parents=True, exist_ok=True)
-            trial_cfg = OmegaConf.create({"output_dir": str(trial_dir)})
-            outcome = run_trial(trial_cfg, raising(err), in_sweep=True, overrides=overrides, params=trial.params)
-        else:
-            outcome = run_trial(trial_cfg, train_fn, in_sweep=True, overrides=overrides, params=trial.params)
+            outcome = run_study_trial(compose, overrides, trial_dir, train_fn, trial.params)
+        except RunInterruptedError as err:  # Ctrl-C: the study stops; what ran so far is written down
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            rows.append({"trial": number, "status": INTERRUPTED, "objective": None, "params": trial.params,
+                         "reason": str(err), "run_dir": str(trial_dir)})
+            write_study(study, search, study_dir, rows, optuna)
+            raise
+        finally:
+            STUDY_TRIAL_OVERRIDES.reset(token)
         if outcome.status == COMPLETED and outcome.objective is not None:
             study.tell(trial, outcome.objective)
         else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         rows.append({"trial": number, "status": outcome.status, "objective": outcome.objective,
                      "params": trial.params, "reason": outcome.reason, "run_dir": str(trial_dir)})
+    failed, best = write_study(study, search, study_dir, rows, optuna)
+    if best is not None:
+        log.info("best trial %d: %.2f with %s", best.number, best.value, best.params)
+    exit_if_failed(failed, len(rows), study_dir)
+    return best.value if best else None
+
+
+def run_study_trial(compose, overrides: list[str], trial_dir: Path, train_fn, params: dict):
+    """One trial of the study as a train.py run in `trial_dir`."""
+    try:
+        trial_cfg = compose(config_name="train", overrides=overrides)
+    except Exception as err:  # an impossible combination: a failed trial, not a failed study
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        trial_cfg = OmegaConf.create({"output_dir": str(trial_dir)})
+        return run_trial(trial_cfg, raising(err), in_sweep=True, overrides=overrides, params=params)
+    return run_trial(trial_cfg, train_fn, in_sweep=True, overrides=overrides, params=params)
+
+
+def write_study(study, search: DictConfig, study_dir: Path, rows: list[dict], optuna):
+    """study.json and the table of the trials so far: (how many did not complete, the best trial or None)."""
     completed = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = study.best_trial if completed else None
     atomic_write_json(study_dir / "study.json", {
@@ -120,7 +152,4 @@ def run_study(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None]) -
         "trials": [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params}
                    for t in study.trials]})
     failed = summarise(rows, study_dir, f"Optuna study {study.study_name} ({search.direction} val/stsb_dev/mask_best)")
-    if best is not None:
-        log.info("best trial %d: %.2f with %s", best.number, best.value, best.params)
-    exit_if_failed(failed, len(rows), study_dir)
-    return best.value if best else None
+    return failed, best

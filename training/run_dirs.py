@@ -12,6 +12,10 @@ when this module is imported. (A run that fails before any work leaves no folder
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import sys
+from contextvars import ContextVar
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -62,6 +66,44 @@ def run_dir(ckpt_path: str | None, resume: bool, task_dir: str, stamp: str) -> s
     if checkpoint is not None and checkpoint.parent.name == "checkpoints":
         return str(checkpoint.parent.parent)
     return str(Path(task_dir) / "runs" / stamp)
+
+
+#: The overrides of the Optuna trial running now (its config is composed in-process, not by Hydra's job).
+STUDY_TRIAL_OVERRIDES: ContextVar[list[str] | None] = ContextVar("study_trial_overrides", default=None)
+
+
+def command_overrides() -> list[str]:
+    """This run's overrides: an Optuna trial's, the running Hydra job's (in a sweep, this trial's values), else the
+    command line's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if STUDY_TRIAL_OVERRIDES.get() is not None:
+        return list(STUDY_TRIAL_OVERRIDES.get())
+    if HydraConfig.initialized():
+        return list(HydraConfig.get().overrides.task)
+    return [arg for arg in sys.argv[1:] if not arg.startswith("-")]
+
+
+def resume_command(output_dir: str | Path, checkpoint: str | Path) -> str:
+    """The command line that resumes this run from `checkpoint` into its own folder: this process's command with
+    `ckpt_path`, `resume` and `output_dir` set explicitly (a sweep's trial resumes as a single run)."""
+    program = sys.argv[0] if sys.argv and sys.argv[0] else "train.py"
+    python = "python" if shutil.which("python") and Path(shutil.which("python")).resolve() == Path(
+        sys.executable).resolve() else sys.executable
+    head = [python, program] if program.endswith(".py") else [program]
+    flags = [arg for arg in sys.argv[1:] if arg.startswith("-") and "=" in arg]  # --config-dir=..., not -m
+    replaced = ("ckpt_path", "resume", "output_dir", "hparams_search")  # a study's trial resumes as a single run
+    kept = [o for o in command_overrides() if o.lstrip("+~").split("=", 1)[0] not in replaced]
+    return shlex.join([*head, *flags, *kept, f"output_dir={Path(output_dir).resolve()}",
+                       f"ckpt_path={Path(checkpoint).resolve()}"])
+
+
+def resume_hint(output_dir: str | Path) -> str:
+    """How to continue a stopped run: the exact command when it has saved `last.ckpt`."""
+    last = Path(output_dir) / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        return f"resume with: {resume_command(output_dir, last)}"
+    return "no checkpoint was saved, so there is nothing to resume: start the run again"
 
 
 OmegaConf.register_new_resolver("promptemb.run_dir", run_dir, replace=True)

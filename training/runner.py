@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import signal
 import warnings
 from pathlib import Path
 
@@ -17,14 +20,16 @@ from promptemb.common.errors import ConfigError, PreemptedError
 from promptemb.common.instantiate import build
 from promptemb.data.root import resolve_data_root
 from promptemb.exporting.runner import check_out, export_checkpoint
-from promptemb.lightning_modules.checkpoint import read_checkpoint
 from promptemb.training.config_checks import check_train_config
+from promptemb.training.lineage import LineageCallback, run_lineage
 from promptemb.training.loggers import build_loggers, finish_wandb, log_config
 from promptemb.training.memory import out_of_memory_is_one_line
 from promptemb.training.optuna_search import run_study
+from promptemb.training.preflight import Preflight, preflight
 from promptemb.training.rng_state import RandomStateCallback
-from promptemb.training.run_dirs import in_multirun, resume_checkpoint
-from promptemb.training.trials import run_trial
+from promptemb.training.run_dirs import in_multirun, resume_hint
+from promptemb.training.run_lock import clear_run_folder, first_process_of_job, run_folder_lock
+from promptemb.training.trials import RunInterruptedError, before_the_run, run_trial
 
 log = logging.getLogger(__name__)
 
@@ -66,21 +71,30 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def train(cfg: DictConfig) -> pl.Trainer:
-    check_train_config(cfg)  # types, ranges, devices, paths, weights, data columns: before any model or data loads
-    apply_extras(cfg)
-    resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
-    checkpoint = resume_checkpoint(cfg.ckpt_path, bool(cfg.get("resume", False)),
-                                   Path(cfg.paths.log_dir) / cfg.task_name)
-    # a missing, damaged or foreign checkpoint: one line now, not a traceback from Lightning
-    resume = read_checkpoint(checkpoint, argument="ckpt_path") if checkpoint else None
-    if checkpoint:
-        log.info("resuming from %s (step %s) into %s", checkpoint, resume.get("global_step"), cfg.output_dir)
+    run_dir = Path(cfg.output_dir)
     export_dir = cfg.get("export_dir")
-    if export_dir:
-        check_out(Path(export_dir), overwrite=False)  # fail before training, not after
-    # W&B: credentials checked and the resumed run id taken from the checkpoint before any run is created.
-    loggers = build_loggers(cfg.get("logger"), resume)
-    del resume  # only its header was needed; Lightning loads the checkpoint itself
+    with contextlib.ExitStack() as held:
+        with before_the_run():  # a refusal here leaves the run folder exactly as it was
+            check_train_config(cfg)  # types, ranges, devices, paths, weights, data columns: before anything loads
+            apply_extras(cfg)
+            resolve_data_root(cfg.data_root)  # evaluation needs it; fail before loading any model
+            checks = preflight(cfg)  # the checkpoint, its lineage, the folder's owner
+            if export_dir:
+                check_out(Path(export_dir), overwrite=False)  # fail before training, not after
+            held.enter_context(run_folder_lock(run_dir))  # from here on no other run enters the folder
+            # W&B: credentials checked and the resumed run id taken from the checkpoint before any run is created.
+            loggers = build_loggers(cfg.get("logger"), checks.resumed)
+        if cfg.get("overwrite") and first_process_of_job():
+            clear_run_folder(run_dir)
+        return fit(cfg, checks, loggers, export_dir)
+
+
+def fit(cfg: DictConfig, checks: Preflight, loggers: list, export_dir: str | None) -> pl.Trainer:
+    """The run itself, in the folder `train` holds."""
+    checkpoint, run_dir = checks.checkpoint, Path(cfg.output_dir)
+    if checkpoint:
+        log.info("resuming from %s (step %s) into %s", checkpoint, checks.resumed.get("global_step"), run_dir)
+    checks.resumed = None  # only its header was needed; Lightning loads the checkpoint itself
     pl.seed_everything(int(cfg.seed), workers=True)
     # _convert_="all": modules get plain lists/dicts, so checkpoints hold no OmegaConf objects and load with
     # torch.load(weights_only=True).
@@ -88,6 +102,8 @@ def train(cfg: DictConfig) -> pl.Trainer:
     module = build_module(cfg)
     callbacks = [build(c) for c in cfg.callbacks.values() if c is not None]
     callbacks.append(RandomStateCallback())  # exact resume: dropout draws continue where the checkpoint left them
+    # what a resume of any of its checkpoints must match
+    callbacks.append(LineageCallback(functools.partial(run_lineage, cfg), checks.lineage))
     for callback in callbacks:
         if isinstance(callback, STSEvaluationCallback):
             callback.provenance.update(seed=int(cfg.seed), config=OmegaConf.to_container(cfg, resolve=True),
@@ -103,8 +119,15 @@ def train(cfg: DictConfig) -> pl.Trainer:
                 trainer.fit(module, datamodule=datamodule, ckpt_path=str(checkpoint) if checkpoint else None)
         except SIGTERMException:
             raise PreemptedError(f"preempted (SIGTERM) at step {trainer.global_step}: saved "
-                            f"{trainer.checkpoint_callback.last_model_path}; resume with the same command plus "
-                            "ckpt_path=last (or ckpt_path=PATH of that file)") from None
+                                 f"{trainer.checkpoint_callback.last_model_path}; {resume_hint(run_dir)}") from None
+        except SystemExit:
+            if not trainer.interrupted:
+                raise
+            # Lightning's answer to Ctrl-C: it ignores SIGINT from then on and exits; this process goes on (to
+            # record the run), so Ctrl-C works again and the exit becomes one line
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise RunInterruptedError(f"interrupted (Ctrl-C) at step {trainer.global_step}; "
+                                 f"{resume_hint(run_dir)}") from None
         exit_code = 0
     finally:
         finish_wandb(loggers, exit_code)

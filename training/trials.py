@@ -1,18 +1,26 @@
 """One training run as a trial: its outcome recorded in its run folder, failures contained inside sweeps.
 
-A single run that fails exits non-zero with one line (and a run that failed before doing any work leaves no folder
-behind). Inside a sweep (`train.py -m ...` or an Optuna search) a failed trial is recorded as failed with its
-one-line reason in `status.json` and the sweep goes on; at the end one table lists every trial with its status and
-objective (`summary.md` / `summary.json` in the sweep folder), and the process exits non-zero if any trial failed.
+A single run that fails exits non-zero with one line. Its folder follows one policy, whatever the failure (bad data
+found at setup, out of memory, a diverged loss, Ctrl-C): a folder holding a checkpoint is kept and marked
+(`status.json`: failed / preempted / interrupted, with the one-line reason) so it can be resumed or inspected; a folder
+without one holds nothing of value and is removed, with the empty folders above it. A refusal before the run takes
+its folder (a resume that does not match its checkpoint, a folder held by another run) leaves the folder exactly as
+it was. Inside a sweep (`train.py -m ...` or an Optuna search) a failed trial keeps its folder with its
+`status.json`, the sweep's record of it, and the sweep goes on; at the end one table lists every trial with its
+status and objective (`summary.md` / `summary.json` in the sweep folder), and the process exits non-zero if any
+trial failed. Ctrl-C stops the sweep: the interrupted trial is recorded as such and the table is written for the
+trials so far.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,14 +30,59 @@ from omegaconf import DictConfig
 from promptemb.common.errors import PreemptedError, UserError
 from promptemb.common.io import atomic_write_json, atomic_write_text
 from promptemb.common.overrides import parse_overrides
-from promptemb.common.run_folder import remove_if_untouched
+from promptemb.common.run_folder import HYDRA_OWN_FILES, remove_if_untouched
 from promptemb.research.seed_report import seed_report as write_seed_report
 from promptemb.research.seed_report import summary_line
-from promptemb.training.run_dirs import in_multirun
+from promptemb.training.run_dirs import in_multirun, resume_hint
+from promptemb.training.run_lock import LOCK_FILE, RUN_RECORDS, first_process_of_job
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "status.json"
-COMPLETED, FAILED, PREEMPTED = "completed", "failed", "preempted"
+COMPLETED, FAILED, PREEMPTED, INTERRUPTED = "completed", "failed", "preempted", "interrupted"
+
+
+class RunInterruptedError(UserError):
+    """Ctrl-C (SIGINT): the run stopped where it was; the message says how to resume from its last checkpoint."""
+
+    exit_code = 130  # 128 + SIGINT, what shells report for an interrupted command
+
+
+@contextlib.contextmanager
+def before_the_run() -> Iterator[None]:
+    """A user error (or Ctrl-C) raised inside comes before the run takes its folder: `run_trial` then leaves the
+    folder exactly as it found it (no status.json, nothing removed that was there before)."""
+    try:
+        yield
+    except (UserError, KeyboardInterrupt) as err:
+        err.before_the_run = True
+        raise
+
+
+def raised_before_the_run(err: BaseException) -> bool:
+    return bool(getattr(err, "before_the_run", False))
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return any((Path(run_dir) / "checkpoints").glob("*.ckpt"))
+
+
+#: What a run writes into its folder: a failed run without a checkpoint removes these and, if nothing else is left,
+#: the folder (a user's own files in an output_dir they pointed at are never removed).
+RUN_WRITES = (*HYDRA_OWN_FILES, *RUN_RECORDS, LOCK_FILE, "wandb", "curve.png", "results.md", "results.png")
+
+
+def remove_failed_run(run_dir: Path) -> None:
+    """The failed-run policy for a folder without a checkpoint: nothing of value, nothing left behind."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    for entry in run_dir.iterdir():
+        if entry.name in RUN_WRITES or entry.suffix == ".log" or entry.name.startswith("results_"):  # _<family>.png
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    remove_if_untouched(run_dir)  # now empty unless the user keeps files of their own there
 
 
 @dataclass
@@ -56,32 +109,48 @@ def hydra_job_dir() -> Path | None:
 
 def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], in_sweep: bool,
               overrides: list[str] | None = None, params: dict | None = None) -> TrialOutcome:
-    """Run `train_fn(cfg)` (returning the objective) and record the outcome in the run folder. Outside a sweep an
-    error propagates (after the record is written, or the untouched folder removed); inside one it is logged as one
-    line and returned as a failed outcome."""
+    """Run `train_fn(cfg)` (returning the objective) and record the outcome in the run folder, following the
+    failed-run policy above. Outside a sweep an error propagates; inside one it is logged as one line and returned
+    as a failed outcome, except Ctrl-C, which records the trial and stops the sweep (`RunInterruptedError`)."""
     run_dir = Path(cfg.output_dir)
     outcome = TrialOutcome(COMPLETED, overrides=list(overrides if overrides is not None else task_overrides()),
                            params=dict(params or {}))
     try:
         objective = train_fn(cfg)
         outcome.objective = objective if objective is None or math.isfinite(objective) else None
-    except Exception as err:
-        outcome.status = PREEMPTED if isinstance(err, PreemptedError) else FAILED
+    except (Exception, KeyboardInterrupt) as caught:
+        # Ctrl-C outside Lightning's fit loop (which train() turns into RunInterruptedError itself)
+        err = RunInterruptedError(f"interrupted (Ctrl-C); {resume_hint(run_dir)}") if isinstance(
+            caught, KeyboardInterrupt) else caught
+        outcome.status = (PREEMPTED if isinstance(err, PreemptedError) else
+                          INTERRUPTED if isinstance(err, RunInterruptedError) else FAILED)
         outcome.reason = str(err).splitlines()[0] if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
-        if not in_sweep and isinstance(err, UserError) and (not run_dir.exists() or remove_if_untouched(run_dir)):
-            raise  # failed before any work (the checks may have removed the folder already): nothing is left behind
-        record(outcome, run_dir)
-        if not in_sweep:
+        before = raised_before_the_run(caught)
+        if before and not in_sweep:
+            remove_if_untouched(run_dir)  # only a folder this run's Hydra just created, holding nothing else
+        elif before:
+            record(outcome, run_dir, run_folder=False)
+        elif not in_sweep and not has_checkpoint(run_dir):
+            if first_process_of_job():  # the other ranks of a DDP job share the folder: one process removes it
+                remove_failed_run(run_dir)
+        else:
+            record(outcome, run_dir)
+        if isinstance(err, RunInterruptedError) and in_multirun() and (sweep_dir := hydra_sweep_dir()) is not None:
+            summarise_sweep(sweep_dir, title_suffix=" (interrupted)")
+        if in_sweep and not isinstance(err, RunInterruptedError):
+            log.error("trial failed: %s", outcome.reason)
+            return outcome
+        if err is caught:
             raise
-        log.error("trial failed: %s", outcome.reason)
-        return outcome
+        raise err from None
     record(outcome, run_dir)
     return outcome
 
 
-def record(outcome: TrialOutcome, run_dir: Path) -> None:
-    """status.json in the run folder (and in Hydra's job folder, where a sweep's summary looks for it)."""
-    folders = {Path(run_dir)}
+def record(outcome: TrialOutcome, run_dir: Path, run_folder: bool = True) -> None:
+    """status.json in the run folder (unless `run_folder` is false: a refused run leaves it untouched) and in
+    Hydra's job folder, where a sweep's summary looks for it."""
+    folders = {Path(run_dir)} if run_folder else set()
     if in_multirun() and (job_dir := hydra_job_dir()) is not None:
         folders.add(job_dir)
     for folder in folders:
@@ -115,19 +184,30 @@ class TrialSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows = []
-        for job_dir in sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()),
-                              key=lambda d: int(d.name)):
-            status = job_dir / STATUS_FILE
-            row = {"status": FAILED, "reason": "no status.json: the trial was killed", "objective": None}
-            if status.is_file():
-                row = json.loads(status.read_text(encoding="utf-8"))
-            rows.append({"trial": int(job_dir.name), **row})
+        rows, failed = summarise_sweep(sweep_dir)
         if rows:
-            failed = summarise(rows, sweep_dir, f"multirun {sweep_dir}")
             if swept_keys(list(config.hydra.overrides.task)) == ["seed"]:
                 seed_report(rows, sweep_dir)
             exit_if_failed(failed, len(rows), sweep_dir)
+
+
+def hydra_sweep_dir() -> Path | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().sweep.dir) if HydraConfig.initialized() else None
+
+
+def summarise_sweep(sweep_dir: Path, title_suffix: str = "") -> tuple[list[dict], int]:
+    """The table of a Hydra multirun from its job folders' status.json: (rows, how many did not complete)."""
+    rows = []
+    for job_dir in sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()),
+                          key=lambda d: int(d.name)):
+        status = job_dir / STATUS_FILE
+        row = {"status": FAILED, "reason": "no status.json: the trial was killed", "objective": None}
+        if status.is_file():
+            row = json.loads(status.read_text(encoding="utf-8"))
+        rows.append({"trial": int(job_dir.name), **row})
+    return rows, (summarise(rows, sweep_dir, f"multirun {sweep_dir}{title_suffix}") if rows else 0)
 
 
 def swept_keys(overrides: list[str]) -> list[str]:

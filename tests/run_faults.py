@@ -1,0 +1,48 @@
+"""Shared by the fault-injection tests of runs and run folders: a fast train.py command (no STS evaluation, a
+checkpoint every 2 steps), snapshots that prove a folder was left byte-identical, and the one-line-error check."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
+
+
+def fast_overrides(model: Path, root: Path, out: Path, corpus: Path | str = WIKI_SAMPLE, *extra: str) -> list[str]:
+    """4 steps of batch 4 on 24 sentences, checkpoints at steps 2 and 4, no dev evaluation (seconds, not minutes)."""
+    return ["experiment=quickstart_unsup", f"backbone.name_or_path={model}", f"data_root={root}",
+            f"output_dir={out}", "trainer.accelerator=cpu", "trainer.precision=32-true", "data.batch_size=4",
+            "data.download=null", f"data.files=[{corpus}]", "data.max_examples=24", "trainer.max_steps=4",
+            "trainer.max_epochs=2", "eval_every_n_steps=2", "optimizer.lr=1e-3", "data.num_workers=0",
+            "trainer.log_every_n_steps=1", "callbacks.sts_evaluation=null", "callbacks.model_checkpoint.monitor=null",
+            "callbacks.model_checkpoint.filename='step{step}'", *extra]
+
+
+def train_py(*args: str, cwd: Path = REPO, timeout: int = 400) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file (sha256 of its bytes) and folder under `folder`: equal snapshots = nothing changed."""
+    folder = Path(folder)
+    state = {}
+    for path in sorted(folder.rglob("*")):
+        name = str(path.relative_to(folder))
+        state[name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "<dir>"
+    return state
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, starts: str) -> str:
+    """Exit status `code`, the last stderr line is `error: <starts>...`, no traceback anywhere; returns that line."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert lines and lines[-1].startswith("error: " + starts), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    return lines[-1]

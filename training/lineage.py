@@ -1,0 +1,174 @@
+"""A run's lineage: what exact resume depends on, recorded in every checkpoint and compared before a resume.
+
+Lightning restores weights, optimiser and loop counters from any checkpoint whose tensors fit, and the datamodule
+restores a position counted in batches; neither knows whether the corpus, the batch size or the model behind them are
+still the ones the checkpoint was trained with. So every checkpoint carries `promptemb_lineage` (`run_lineage`):
+
+* the training data as read: the sha256 of each corpus file, in order, with the settings that select examples from
+  them (format, `max_examples`, held-out tasks) — a shuffled corpus with the same line count is another corpus;
+* the global batch size and the sampler settings (seed, length grouping, distinct batches): the data position is a
+  count of global batches, so another batch size would skip the wrong examples (the world size may change);
+* the backbone (name and the sha256 of its weight files), the tokenizer (sha256 of its files), the recipe class and
+  the template(s) with the settings that turn sentences into inputs (sentence rule, sentence length).
+
+A resume whose config differs in any of them is refused with one line naming each changed item (`check_lineage`).
+Paths are recorded for the message only: a corpus or a model that moved with the same content resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytorch_lightning as pl
+from omegaconf import DictConfig, OmegaConf
+
+from promptemb.common.errors import ConfigError, UserError
+from promptemb.common.instantiate import build
+from promptemb.encoder.model import resolve_model_path
+from promptemb.lightning_modules.checkpoint import module_class_path, sha256_file
+
+CHECKPOINT_KEY = "promptemb_lineage"
+#: Files of a Hugging Face model directory that hold its weights, and those that define its tokenizer.
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+#: Recipe settings (hyper-parameters of the module) that decide what the model is fed.
+INPUT_SETTINGS = ("templates", "template", "eval_template", "sentence_rule", "max_sentence_tokens")
+#: Datamodule settings that decide which examples are read and in which order.
+SELECTION_SETTINGS = ("format", "max_examples", "held_out_tasks")
+SAMPLER_SETTINGS = ("seed", "group_by_length", "distinct_in_batch")
+
+
+def files_sha256(paths: list[Path]) -> str | None:
+    """One digest over the named files' digests (None when there are none)."""
+    if not paths:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(paths, key=lambda p: p.name):
+        digest.update(f"{path.name}:{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def local_model_dir(name_or_path: str) -> Path | None:
+    """The directory a backbone's files are read from: a local or packaged model, or a Hub model already in the
+    local cache; None when only the Hub has it."""
+    path = Path(resolve_model_path(name_or_path)).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(name_or_path), local_files_only=True))
+    except Exception:  # not cached (or not a Hub name): the name is all there is to compare
+        return None
+
+
+def backbone_lineage(name_or_path: str) -> dict:
+    directory = local_model_dir(name_or_path)
+    weights = [p for pattern in WEIGHT_PATTERNS for p in directory.glob(pattern)] if directory else []
+    tokenizer = [directory / name for name in TOKENIZER_FILES if (directory / name).is_file()] if directory else []
+    return {"backbone": str(name_or_path), "backbone_weights_sha256": files_sha256(weights),
+            "tokenizer_sha256": files_sha256(tokenizer)}
+
+
+def data_lineage(cfg: DictConfig) -> dict:
+    """The corpus files' content (in order) and the settings that pick and order examples from them."""
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    datamodule = build(cfg.data)
+    names = list(data.get("files") or ([data["file"]] if data.get("file") else []))
+    paths = [datamodule.resolve(name) for name in names]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise ConfigError(f"corpus file {missing[0]} does not exist (relative paths are relative to the data root)")
+    record = {"data.files": names, "data.files_sha256": [sha256_file(path) for path in paths],
+              "data.batch_size": data.get("batch_size")}
+    record.update({f"data.{key}": data.get(key) for key in (*SELECTION_SETTINGS, *SAMPLER_SETTINGS)})
+    return record
+
+
+def run_lineage(cfg: DictConfig) -> dict:
+    """What exact resume depends on, from a composed train.py config (reads the corpus files and the backbone's
+    weight and tokenizer files to hash them)."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    record = {"recipe": model.get("_target_"), **backbone_lineage(model["model_name_or_path"])}
+    record.update({f"model.{key}": model.get(key) for key in INPUT_SETTINGS if key in model})
+    if "model.template" in record:  # OptiPrompt's one template is the `templates` of the other recipes
+        record["model.templates"] = [record.pop("model.template")]
+    record.update(data_lineage(cfg))
+    return record
+
+
+def checkpoint_lineage(checkpoint: dict) -> dict:
+    """The lineage a checkpoint recorded; for checkpoints written before lineage was recorded, what their
+    hyper-parameters and module record still tell (recipe, backbone name, templates)."""
+    if isinstance(checkpoint.get(CHECKPOINT_KEY), dict):
+        return checkpoint[CHECKPOINT_KEY]
+    hparams = checkpoint.get("hyper_parameters") or {}
+    try:
+        recipe = module_class_path(checkpoint)
+    except UserError:  # no recognisable recipe: nothing to compare on that item
+        recipe = None
+    record = {"recipe": recipe, "backbone": hparams.get("model_name_or_path")}
+    record.update({f"model.{key}": hparams.get(key) for key in INPUT_SETTINGS if key in hparams})
+    if "model.template" in record:
+        record["model.templates"] = [record.pop("model.template")]
+    return {key: value for key, value in record.items() if value is not None}
+
+
+def short(value) -> str:
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]  # a sha256
+    return str(value)
+
+
+def lineage_changes(saved: dict, current: dict) -> list[str]:
+    """One phrase per item that differs between a checkpoint's lineage and this run's, `item: saved -> now`. Items
+    only one side records are not compared; a backbone or corpus compares by content, its name only when there is
+    no content hash to compare."""
+    changes = []
+    for key, now in current.items():
+        if key not in saved or key in ("data.files",) or saved[key] == now:
+            continue
+        before = saved[key]
+        if key == "backbone" and saved.get("backbone_weights_sha256") and current.get("backbone_weights_sha256"):
+            continue  # same weights under another name (a moved or re-downloaded model) is the same backbone
+        if key == "data.files_sha256":
+            names = current.get("data.files") or []
+            if len(before) != len(now):
+                changes.append(f"training data: {len(before)} corpus file(s) -> {len(now)}")
+                continue
+            changes += [f"training data {names[i] if i < len(names) else i}: content changed (sha256 "
+                        f"{short(before[i])} -> {short(now[i])})" for i in range(len(now)) if before[i] != now[i]]
+            continue
+        label = {"backbone_weights_sha256": "backbone weights (sha256)", "tokenizer_sha256": "tokenizer (sha256)",
+                 "recipe": "recipe (model._target_)", "backbone": "backbone"}.get(key, key)
+        changes.append(f"{label} {short(before)} -> {short(now)}")
+    return changes
+
+
+def check_lineage(checkpoint_path: Path, checkpoint: dict, current: dict) -> None:
+    """Refuse, in one line naming every changed item, a resume whose config does not match what the checkpoint was
+    trained with."""
+    changes = lineage_changes(checkpoint_lineage(checkpoint), current)
+    if changes:
+        raise ConfigError(f"cannot resume from {checkpoint_path}: it was trained with other settings: "
+                          f"{'; '.join(changes)}; resume with the settings it was trained with, or start a fresh run "
+                          "in a new output_dir")
+
+
+class LineageCallback(pl.Callback):
+    """Writes the run's lineage into every checkpoint it saves. Computed when training starts unless already known
+    (a resume compares it first): by then a downloaded corpus is on disk, and a run refused earlier hashed nothing."""
+
+    def __init__(self, compute: Callable[[], dict], known: dict | None = None):
+        self.compute = compute
+        self.lineage = dict(known) if known is not None else None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self.lineage is None:
+            self.lineage = self.compute()
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[CHECKPOINT_KEY] = self.lineage if self.lineage is not None else self.compute()
