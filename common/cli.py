@@ -5,6 +5,7 @@ quoted for the shell but not for Hydra, an unknown experiment or key, a run fold
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 
@@ -123,6 +124,42 @@ def check_override_syntax(argv: list[str]) -> None:
                                   ) from None
 
 
+#: evaluate.py's open argument maps: every key under them is new to the config, so Hydra wants it written with `+`.
+ARGUMENT_MAPS = ("pooler_args", "post_args", "transfer_args", "clustering_args")
+
+
+def check_new_keys(config_name: str, argv: list[str]) -> None:
+    """An override of a key the config does not have (`pooler_args.first_last.layers=[0,-1]`, where Hydra needs
+    `+pooler_args...`) is one line giving the spelling that works, instead of Hydra's multi-line hint. Flags
+    (-m, --cfg, ...) are left to Hydra."""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    overrides = [arg for arg in argv if not arg.startswith(("hydra.", "hydra/"))]
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            compose(config_name, overrides=overrides)
+    except ConfigCompositionException as err:
+        match = re.search(r"Could not override '([^']+)'", str(err))
+        if not match:
+            return
+        key = match.group(1)
+        value = next((split_override(arg)[2] for arg in overrides if split_override(arg)[1] == key), "...")
+        if key.split(".")[0] in ARGUMENT_MAPS:
+            raise ConfigError(f"{key!r} is a new key (the config's {key.split('.')[0]} is empty): Hydra adds it "
+                              f"with '+': write +{key}={value}") from None
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            keys = [str(name) for name in compose(config_name)]
+        guess = next(iter(difflib.get_close_matches(key, keys, n=1, cutoff=0.75)), None)
+        hint = f"did you mean {guess!r}? " if guess else ""
+        raise ConfigError(f"{key!r} is not a key of {config_name}.yaml; {hint}prefix it with '+' (+{key}={value}) "
+                          "only if it is really a new key") from None
+    except Exception:  # anything else: Hydra reports it when it composes for real
+        return
+
+
 def check_command_line(entry: str, argv: list[str]) -> None:
     """Every check before Hydra composes the config of `entry` (train | evaluate); raises a one-line ConfigError."""
     from promptemb.common.validation import check_run_dir_before_hydra
@@ -134,4 +171,6 @@ def check_command_line(entry: str, argv: list[str]) -> None:
 
         check_experiment_overrides(argv)
         check_override_keys(argv)
+    else:
+        check_new_keys(CONFIG_NAMES[entry], argv)
     check_run_dir_before_hydra(CONFIG_NAMES[entry], argv)
