@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from promptemb.data.root import resolve_data_root
 from promptemb.common.errors import ConfigError, exit_on_user_error
+from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, STS_SUITE, get_tasks, load_registry
 from promptemb.encoder.model import Encoder, combine_needs
 from promptemb.encoder.template import Template
