@@ -58,3 +58,11 @@ def test_kill_resume_check_refuses_a_non_empty_folder(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith("error: output folder")
     assert (tmp_path / "keep.txt").read_text() == "results"
+
+
+def test_research_driver_default_output_is_a_new_folder_under_logs(tiny_bert, real_data_root, tmp_path):
+    proc = run(["-m", "promptemb.research.token_bias", "--model", str(tiny_bert), "--data-root", str(real_data_root)],
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (folder,) = (tmp_path / "logs" / "token_bias").iterdir()
+    assert (folder / "token_bias.json").is_file()
