@@ -187,7 +187,7 @@ def environment(real_data_root, tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def quickstart_run(tiny, environment, tmp_path_factory) -> Path:
     """`make quickstart`'s run folder, shortened: the tiny model, 2 steps, scored at the end."""
-    work = tmp_path_factory.mktemp("quickstart")
+    work = scratch_folder(tmp_path_factory.mktemp("quickstart"))
     command = shortened("python train.py experiment=quickstart_unsup output_dir=logs/quickstart")
     proc = run_shell(command.format(tiny=tiny), work, environment)
     assert proc.returncode == 0, proc.stderr[-3000:]
