@@ -70,6 +70,9 @@ EVAL_SHORT = {"backbone.name_or_path": "{tiny}", "tasks": "[STSBenchmark]", "pro
 #: Task names and groups -> the one small task of their family that the shortened command scores.
 TASK_SHORT = {"sts": "STSBenchmark", "transfer": "TREC", "clustering": "tweet", "all": "STSBenchmark,TREC,tweet",
               "MR": "TREC", "agnews": "tweet"}
+#: A transfer / clustering task in the shortened command: fewer folds, epochs, trials and k-means restarts.
+FAMILY_SHORT = {"TREC": {"transfer_args.kfold": "2", "transfer_args.max_epoch": "5"},
+                "tweet": {"clustering_args.trials": "2", "clustering_args.n_init": "2"}}
 #: Other entry points: options replaced or added.
 SCRIPT_SHORT = {
     "bench/train_throughput.py": [(r"data\.batch_size=(\d+|B)", "data.batch_size=4"),
@@ -128,6 +131,14 @@ def with_defaults(command: str, defaults: dict[str, str]) -> str:
     return command + "".join(f" {key}={value}" for key, value in defaults.items() if key not in keys)
 
 
+def family_settings(command: str, prefix: str = "") -> str:
+    """`+transfer_args.*` / `+clustering_args.*` (under `prefix`) for the small transfer and clustering tasks."""
+    for task, settings in FAMILY_SHORT.items():
+        if re.search(rf"[\[,]{task}[\],]", command):
+            command += "".join(f" +{prefix}{key}={value}" for key, value in settings.items())
+    return command
+
+
 def shortened(command: str) -> str:
     """The CPU form of one documented command (see the tables above)."""
     command = SYNOPSES.get(command, command)
@@ -147,9 +158,10 @@ def shortened(command: str) -> str:
     if command.startswith("python train.py"):
         command = shorten_tasks(command, "callbacks.sts_evaluation.final_tasks")
         search = SEARCH_SHORT if "hparams_search=" in command else {}
+        command = family_settings(command, "callbacks.sts_evaluation.")
         return with_defaults(command, {**TRAIN_SHORT, **search})
     if command.startswith("python evaluate.py"):
-        command = shorten_tasks(command, "tasks")
+        command = family_settings(shorten_tasks(command, "tasks"))
         return with_defaults(command, EVAL_SHORT)
     if command.startswith("python export.py"):
         return command
@@ -170,7 +182,7 @@ def python_words(command: str) -> str:
 
 def run_shell(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", python_words(command)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=1800)
 
 
 @pytest.fixture(scope="module")
