@@ -50,7 +50,8 @@ def main() -> None:
     batches = []  # length-sorted batches of 64, as Encoder.embed feeds the pooler
     for start in range(0, len(items), 64):
         batch = collate(items[start : start + 64], encoder.tokenizer.pad_token_id, None)
-        out = encoder.forward(batch, needs)
+        with torch.no_grad():
+            out = encoder.forward(batch, needs)
         layers = torch.stack([out.hidden_states[k] for k in range(args.layer_start, encoder.num_layers + 1)], 2)
         lengths = batch.attention_mask.sum(1)
         tokens = torch.arange(layers.shape[1]).unsqueeze(0) < (lengths - 1).unsqueeze(1)

@@ -164,8 +164,19 @@ def closest_key(leaf: str, value: str, siblings, names: list[str]) -> str | None
     return next(iter(shaped or close), None)
 
 
+#: Open argument maps (evaluate.py's top level, the training callback's node): every key under them is new to the
+#: config, so Hydra wants it written with `+`.
+ARGUMENT_MAPS = ("pooler_args", "post_args", "transfer_args", "clustering_args")
+
+
 def unknown_key_message(key: str, overrides: list[str], where: str = "", entry: str = "train") -> str:
-    """One line naming an override key that `entry`'s config does not have, with the closest existing key."""
+    """One line naming an override key that `entry`'s config does not have, with the closest existing key; under an
+    open argument map (`pooler_args.first_last.layers=[0,-1]`), the `+` spelling that adds it."""
+    parts = key.lstrip("+~").split(".")
+    argument_map = next((part for part in parts[:-1] if part in ARGUMENT_MAPS), None)
+    if argument_map:
+        return (f"{where}{key!r} is a new key (the config's {argument_map} is empty): Hydra adds it with '+': write "
+                f"+{key}={value_of(key, overrides)}")
     base = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
     hint = ""
     try:

@@ -37,12 +37,14 @@ def task_rows(task) -> np.ndarray:
 
 def post_processed(embeddings: np.ndarray, rows: np.ndarray, post: PostProcessor, fit_label: str,
                    fit_rows: np.ndarray) -> tuple[np.ndarray, PostProcessor]:
-    """A copy of `post` fitted on `embeddings[fit_rows]`, and `embeddings` with `rows` transformed by it."""
+    """A copy of `post` fitted on `embeddings[fit_rows]`, and `embeddings` with `rows` transformed by it (other rows
+    zero). The width is the transform's: `whiten` with `k` keeps k of the D dimensions."""
     fitted = copy.deepcopy(post)
     if fitted.fitted_from_data:
         fitted.fit(fit_label, embeddings[fit_rows])
-    out = np.zeros_like(embeddings, dtype=np.float64)
-    out[rows] = fitted.transform(embeddings[rows])
+    transformed = fitted.transform(embeddings[rows])
+    out = np.zeros((len(embeddings), transformed.shape[1]), dtype=np.float64)
+    out[rows] = transformed
     return out, fitted
 
 

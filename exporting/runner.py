@@ -19,6 +19,7 @@ from promptemb.evaluation.sts import evaluate_sts
 from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
+from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.inference.prompt_encoder import PromptEncoder, export_block
 
 
@@ -82,8 +83,11 @@ def export_checkpoint(
 ) -> Path:
     """Export `ckpt` to `out`; returns `out`. Nothing is written unless the whole export succeeds."""
     if not ckpt or not out:
-        raise ConfigError("export needs ckpt=PATH (a train.py checkpoint) and out=DIR (the export directory)")
+        raise ConfigError("export needs ckpt=PATH (a train.py checkpoint or run folder) and out=DIR (the export "
+                          "directory)")
     ckpt, out = Path(ckpt), Path(out)
+    if source_kind(str(ckpt)) == "run":  # a train.py run folder: its best checkpoint
+        ckpt = best_checkpoint(ckpt)
     check_out(out, overwrite)
     encoder = PromptEncoder.from_checkpoint(ckpt, base_model=base_model, pooler=pooler, denoise=denoise)
     scores, score_source = run_scores(ckpt, encoder)

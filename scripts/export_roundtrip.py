@@ -1,8 +1,10 @@
 """Export round trip on a real checkpoint: framework embeddings vs the exported directory loaded three ways, on the
 STS-B test sentences, with the STS-B test Spearman of each.
 
-    python scripts/export_roundtrip.py --ckpt logs/quickstart/checkpoints/step25-mask82.55.ckpt \
-        --out /tmp/minilm-export --results results/export_roundtrip
+    python scripts/export_roundtrip.py --ckpt logs/quickstart --out /tmp/minilm-export [--results DIR [--overwrite]]
+
+`--ckpt` is a checkpoint or a run folder (its best checkpoint). `roundtrip.json` / `.md` go to a fresh folder
+(default `logs/export_roundtrip/<time>`; a non-empty `--results` is refused unless `--overwrite`).
 
 Paths compared (all with the exported pooler, the checkpoint's primary evaluation pooler):
   framework      the module rebuilt from the checkpoint, scored by evaluate_sts (what train.py's callback reports)
@@ -23,7 +25,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from promptemb.common.errors import exit_on_user_error
 from promptemb.common.io import atomic_write_json, atomic_write_text
+from promptemb.common.output_dirs import fresh_output_dir
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
 from promptemb.evaluation.report import software_versions
@@ -31,17 +35,23 @@ from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
 from promptemb.exporting.runner import export_checkpoint
 from promptemb.inference import load_encoder
+from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 
 
+@exit_on_user_error
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--ckpt", required=True, help="a train.py checkpoint or run folder (its best checkpoint)")
     parser.add_argument("--out", required=True, help="export directory (must not exist)")
-    parser.add_argument("--results", default="results/export_roundtrip")
+    parser.add_argument("--results", default=None, help="default: a new folder logs/export_roundtrip/<time>")
+    parser.add_argument("--overwrite", action="store_true", help="replace the files of a non-empty --results")
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
+    results_dir = fresh_output_dir(args.results, "export_roundtrip", args.overwrite)
+    if source_kind(args.ckpt) == "run":
+        args.ckpt = str(best_checkpoint(Path(args.ckpt)))
     root = resolve_data_root(args.data_root)
     task = get_tasks(["STSBenchmark"])[0]
     index = SentenceIndex()
@@ -92,7 +102,6 @@ def main() -> None:
         "framework_evaluate_sts_spearman_x100": scores["framework (evaluate_sts)"],
         "export_seconds": round(timings["export (incl. scoring STS-B test)"], 1), "versions": software_versions(),
     }
-    results_dir = Path(args.results)
     atomic_write_json(results_dir / "roundtrip.json", result)
     lines = [f"# Export round trip: `{Path(args.ckpt).name}`", "",
              f"STS-B test ({len(gold)} pairs, {len(index.sentences)} unique sentences); template "

@@ -2,10 +2,14 @@
 # Exact-resume check on the real quickstart: an uninterrupted quickstart_unsup run, and the same run killed with
 # SIGKILL some steps after its step-25 checkpoint and resumed from last.ckpt; prints both dev curves, the STS-B test
 # score and whether the final weights are bit-identical.   usage: scripts/kill_resume_check.sh [OUT] [overrides...]
+# OUT defaults to a new folder logs/kill-resume/<time>; an existing non-empty OUT is refused (nothing is deleted).
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
-OUT=${1:-logs/kill-resume}; shift || true
-rm -rf "$OUT"
+OUT=${1:-logs/kill-resume/$(date -u +%Y-%m-%d_%H-%M-%S)}; shift || true
+if [ -d "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then
+    echo "error: output folder $OUT is not empty; name a new folder or leave it out for a fresh one under logs/kill-resume" >&2
+    exit 2
+fi
 "$PY" train.py experiment=quickstart_unsup output_dir="$OUT/uninterrupted" "$@"
 "$PY" train.py experiment=quickstart_unsup output_dir="$OUT/killed" "$@" &
 pid=$!

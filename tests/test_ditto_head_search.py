@@ -15,12 +15,14 @@ from tests.conftest import REPO
 
 def test_grid_entries_equal_ditto_pooler_scores(mini_data, tiny_bert, tmp_path):
     root, registry = mini_data
+    out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "scripts/ditto_head_search.py", "--model", str(tiny_bert), "--task",
                            "MINI-B", "--task-registry", str(registry), "--data-root", str(root), "--output-dir",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    record = json.loads((tmp_path / "ditto_heads.json").read_text())
-    assert (tmp_path / "ditto_heads.png").read_bytes()[:4] == b"\x89PNG"
+    assert "+pooler_args.ditto.layer=" in proc.stdout
+    record = json.loads((out / "ditto_heads.json").read_text())
+    assert (out / "ditto_heads.png").read_bytes()[:4] == b"\x89PNG"
     grid = record["grid_spearman"]
     assert len(grid) == 3 and len(grid[0]) == 4  # tiny BERT: 3 layers x 4 heads
     assert record["provenance"]["forward_sequences"] == record["provenance"]["unique_sentences"]

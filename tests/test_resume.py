@@ -181,3 +181,25 @@ def test_epoch_sampler_order_is_a_function_of_seed_and_epoch_and_resumes_at_a_ba
     assert list(resumed) == rank0[6:]
     resumed.set_epoch(2)  # the skip belongs to the resumed epoch only
     assert len(list(resumed)) == 10
+
+
+@pytest.mark.slow
+def test_ckpt_path_last_with_output_dir_resumes_that_folder_never_another_run(tiny_bert, real_data_root, tmp_path):
+    """`output_dir=DIR ... ckpt_path=last` (the preemption message's "same command plus ckpt_path=last") resumes
+    DIR's own last.ckpt; a DIR without one is one line, and no other run of the task is resumed into it."""
+    base = last_run_overrides(tiny_bert, real_data_root, tmp_path)
+    assert train_py(*base, cwd=tmp_path).returncode == 0  # another run of the task, newest under logs/
+    empty = tmp_path / "empty"
+    proc = train_py(*base, f"output_dir={empty}", "ckpt_path=last", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: nothing to resume in {empty}: it has no checkpoints/last.ckpt; drop ckpt_path/resume for a fresh "
+        "run, or pass ckpt_path=PATH of the checkpoint to resume")
+    (run,) = (tmp_path / "logs" / "quickstart_unsup" / "runs").iterdir()
+    before = (run / "curve.json").read_text()
+    named = tmp_path / "named"
+    assert train_py(*base, f"output_dir={named}", cwd=tmp_path).returncode == 0
+    proc = train_py(*base, f"output_dir={named}", "trainer.max_steps=4", "ckpt_path=last", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p["step"] for p in json.loads((named / "curve.json").read_text())["points"]] == [0, 2, 4]
+    assert (run / "curve.json").read_text() == before

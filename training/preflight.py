@@ -15,8 +15,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from promptemb.common.cli import compose_config
 from promptemb.lightning_modules.checkpoint import read_checkpoint
-from promptemb.training.command_line import compose_train
 from promptemb.training.config_checks import check_train_config
 from promptemb.training.lineage import check_lineage, run_lineage
 from promptemb.training.run_dirs import resume_checkpoint
@@ -51,7 +51,7 @@ def check_run_before_hydra(argv: list[str]) -> None:
     if any(arg.startswith("-") for arg in argv) or not first_process_of_job():
         return
     try:
-        cfg = compose_train(argv)
+        cfg = compose_config("train", argv)
         resuming = cfg.ckpt_path not in (None, "", "null") or bool(cfg.get("resume", False))
         exists = Path(cfg.output_dir).exists()
     except Exception:  # overrides that do not compose: Hydra reports them

@@ -38,14 +38,41 @@ def newest_last_checkpoint(task_dir: Path) -> Path | None:
     return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
 
 
+def current_run_folder() -> Path | None:
+    """This single run's folder (`output_dir`) once Hydra has set it; None outside Hydra, in a sweep, or while
+    Hydra is still resolving it."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    try:
+        config = HydraConfig.get()
+        if config.mode != RunMode.RUN:
+            return None
+        return Path(config.runtime.output_dir)
+    except Exception:  # runtime.output_dir not set yet: Hydra is computing it
+        return None
+
+
 def resume_checkpoint(ckpt_path: str | None, resume: bool, task_dir: str | Path) -> Path | None:
-    """The checkpoint a run resumes from: `ckpt_path` as given, or for `last` / `resume=true` the newest one of the
-    task; None for a fresh run. A `last` with nothing to resume is an error."""
+    """The checkpoint a run resumes from: `ckpt_path` as given, or for `last` / `resume=true` the run folder's own
+    `checkpoints/last.ckpt` when `output_dir=` names one, else the newest one of the task; None for a fresh run. A
+    `last` with nothing to resume is an error, and so is a named run folder without a last.ckpt (never another run's
+    checkpoint resumed into it)."""
     if ckpt_path in (None, "", "null") and not resume:
         return None
     if ckpt_path not in (None, "", "null", LAST):
         return Path(str(ckpt_path))
     found = newest_last_checkpoint(Path(task_dir))
+    folder = current_run_folder()
+    if folder is not None:
+        own = folder / "checkpoints" / "last.ckpt"
+        if own.is_file():
+            return own
+        if found is not None and found.parent.parent.resolve() != folder.resolve():
+            raise ConfigError(f"nothing to resume in {folder}: it has no checkpoints/last.ckpt; drop ckpt_path/resume "
+                              "for a fresh run, or pass ckpt_path=PATH of the checkpoint to resume")
     if found is None:
         raise ConfigError(f"nothing to resume: no run under {task_dir} has checkpoints/last.ckpt; start a fresh run "
                           "(drop ckpt_path/resume) or pass ckpt_path=PATH")
