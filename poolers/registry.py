@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,6 +10,16 @@ from promptemb.common.errors import ConfigError
 from promptemb.common.registry import build_named
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.cls import CLSPooler
+from promptemb.poolers.decoder import (
+    KNOWLEDGE_ENHANCEMENT,
+    PRETENDED_COT,
+    PROMPTEOL,
+    ContrastivePromptingPooler,
+    EchoPooler,
+    LastTokenPooler,
+    MultiPromptPooler,
+    TokenPrependingPooler,
+)
 from promptemb.poolers.ditto import DittoPooler
 from promptemb.poolers.idf import IdfPooler
 from promptemb.poolers.mask import MaskPooler
@@ -41,24 +52,59 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "random": (RandomEmbeddingPooler, {}),
     "token_avg": (TokenAveragePooler, {}),
     "bert_token_avg": (TokenAveragePooler, {"weight": 0.5}),
+    # decoder prompt methods (causal LMs); each carries its own template and paper defaults
+    "last_token": (LastTokenPooler, {}),
+    "prompteol": (LastTokenPooler, {"template": PROMPTEOL, "paper": "Jiang et al. 2023, PromptEOL"}),
+    "pcot": (LastTokenPooler, {"template": PRETENDED_COT, "layer": -2,
+                               "paper": "Zhang et al. 2024, Pretended Chain of Thought"}),
+    "ke": (LastTokenPooler, {"template": KNOWLEDGE_ENHANCEMENT, "layer": -2,
+                             "paper": "Zhang et al. 2024, Knowledge Enhancement"}),
+    "metaeol": (MultiPromptPooler, {}),
+    "echo": (EchoPooler, {}),
+    "echo_mean": (EchoPooler, {"strategy": "mean"}),
+    "token_prepending": (TokenPrependingPooler, {}),
+    "contrastive_prompting": (ContrastivePromptingPooler, {}),
 }
 POOLER_NAMES = tuple(_REGISTRY)
+#: `NAME@LAYER` (e.g. `prompteol@-2`, `mean@3`) builds pooler NAME at hidden-state index LAYER, so one run can score a
+#: method at several layers side by side
+LAYER_SEPARATOR = "@"
+
+
+def split_layer(name: str) -> tuple[str, int | None]:
+    """(registered name, layer or None) of `NAME` or `NAME@LAYER`."""
+    base, separator, layer = name.partition(LAYER_SEPARATOR)
+    if not separator:
+        return name, None
+    try:
+        return base, int(layer)
+    except ValueError:
+        raise ConfigError(f"pooler {name!r}: the part after {LAYER_SEPARATOR!r} must be a layer index, e.g. "
+                          f"{base}{LAYER_SEPARATOR}-2") from None
 
 
 def pooler_class(name: str) -> type[Pooler]:
     """The class behind a registered name (to inspect its arguments without building it)."""
+    name = split_layer(name)[0]
     if name not in _REGISTRY:
         raise ConfigError(f"unknown pooler {name!r}; valid poolers: {', '.join(POOLER_NAMES)}")
     return _REGISTRY[name][0]
 
 
 def build_pooler(name: str, **overrides: Any) -> Pooler:
-    return build_named(_REGISTRY, "pooler", "valid poolers", name, overrides)
+    base, layer = split_layer(name)
+    if layer is None:
+        return build_named(_REGISTRY, "pooler", "valid poolers", name, overrides)
+    if base not in _REGISTRY:
+        raise ConfigError(f"unknown pooler {base!r}; valid poolers: {', '.join(POOLER_NAMES)}")
+    if "layer" not in inspect.signature(_REGISTRY[base][0]).parameters:
+        raise ConfigError(f"pooler {name!r}: {base!r} has no single layer to set; use pooler_args.{base}")
+    return build_named({name: _REGISTRY[base]}, "pooler", "valid poolers", name, {**overrides, "layer": layer})
 
 
 def build_poolers(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pooler]:
     pooler_args = dict(pooler_args or {})
-    unknown = [name for name in names if name not in _REGISTRY]
+    unknown = [name for name in names if split_layer(name)[0] not in _REGISTRY]
     if unknown:
         raise ConfigError(f"unknown pooler {', '.join(unknown)}; valid poolers: {', '.join(POOLER_NAMES)}")
     if not names:
