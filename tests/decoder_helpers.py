@@ -33,8 +33,8 @@ FAMILIES = ("llama", "opt", "gpt2")
 def training_corpus() -> list[str]:
     """A few hundred sentences of the local wiki sample (when the data is present), the test sentences and every
     template, so template words are whole tokens as in a real vocabulary."""
-    corpus = list(SENTENCES) + [PROMPTEOL, PRETENDED_COT, KNOWLEDGE_ENHANCEMENT, CONTRASTIVE_AUXILIARY,
-                                TOKEN_PREPENDING_PROMPTEOL, *METAEOL, "Document again:"]
+    corpus = [*SENTENCES, PROMPTEOL, PRETENDED_COT, KNOWLEDGE_ENHANCEMENT, CONTRASTIVE_AUXILIARY,
+              TOKEN_PREPENDING_PROMPTEOL, *METAEOL, "Document again:"]
     root = os.environ.get("PROMPTEMB_DATA")
     wiki = Path(root or "/nonexistent") / "training/partial/wiki1m_for_simcse.first11914lines.txt"
     if wiki.is_file():
@@ -66,7 +66,8 @@ def train_tokenizer(family: str):
     else:
         tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
         kwargs = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=2048, **kwargs)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=2048,
+                                   model_input_names=["input_ids", "attention_mask"], **kwargs)
     assert len(fast) == tokenizer.get_vocab_size() and len(fast) > 300
     return fast
 
