@@ -177,11 +177,13 @@ class DecoderInputBuilder:
         return items
 
     def _prompt_item(self, sentence: str, template: str | None) -> TokenizedInput:
-        if template is not None:
-            sentence = apply_sentence_rule(sentence, self.form.sentence_rule)
+        """The sentence cut first, then the sentence rule (the official code cuts the raw sentence and then adds its
+        period), then the template filled."""
         limit, cut = self.max_sentence_tokens, False
         while True:
             text, cut_now = self._cut(sentence, limit)
+            if template is not None:
+                text = apply_sentence_rule(text, self.form.sentence_rule)
             item = self._fill(text, template)
             cut = cut or cut_now
             # a merge across the template/sentence boundary can add a token: cut one more sentence token then

@@ -68,8 +68,8 @@ def check_last_token_template(who: str, template: Template | None) -> None:
                           f"template.text='{PROMPTEOL}'")
     suffix = template.suffix.strip()
     if not suffix or suffix.endswith(PLACEHOLDER):
-        raise ConfigError(f"pooler {who!r}: template {template.text!r} has no poolable last token (it ends with the "
-                          f"sentence{' or <PST>' if suffix else ''}); end it with the prompt's own words, e.g. "
+        raise ConfigError(f"pooler {who!r}: template {template.text!r} has no poolable last token (it ends with "
+                          f"{PLACEHOLDER if suffix else 'the sentence'}); end it with the prompt's own words, e.g. "
                           f"'{PROMPTEOL}'")
 
 

@@ -81,7 +81,7 @@ def test_token_prepending_matches_official(decoder):
     family, _, tokenizer, model, encoder = decoder
     if family != "llama":
         pytest.skip("the official Token Prepending code patches LLaMA, Qwen2 and Gemma2 modeling files only")
-    for layer, start, exit in ((3, 1, 3), (-1, 0, 99), (-2, 2, 3)):
+    for layer, start, exit in ((3, 1, 3), (-1, 0, 99)):
         pooler = build_pooler("token_prepending", layer=layer, start=start, exit=exit)
         actual = encoder.embed(SHORT, [pooler])["token_prepending"]
         expected = token_prepending_reference(model, tokenizer, SHORT, TOKEN_PREPENDING_PROMPTEOL, layer, start, exit,
@@ -110,6 +110,6 @@ def test_all_methods_in_one_call_equal_each_alone(decoder):
     together = encoder.embed(SHORT, poolers)
     # prompteol and prompteol@2 share one forward: 4 forms (+1 auxiliary partial forward, not counted)
     assert encoder.stats.forward_sequences == 4 * len(SHORT)
-    for pooler in poolers:
+    for pooler in poolers[1::2] + poolers[4:5]:  # one of each form
         alone = encoder.embed(SHORT, [build_pooler(pooler.name, **args.get(pooler.name, {}))])[pooler.name]
         np.testing.assert_array_equal(together[pooler.name], alone)
