@@ -97,7 +97,7 @@ def test_echo_cuts_each_copy_and_keeps_the_closing_eos(llama):
 
 
 def test_token_prepending_slot_survives_truncation(llama):
-    directory, tokenizer, _ = llama
+    directory = llama[0]
     encoder = Encoder(str(directory), device="cpu", max_length=64, progress=False)
     item = encoder.input_builder(build_pooler("token_prepending").input_form()).build([LONG])[0]
     assert item.roles.count(SLOT) == 1 and len(item.input_ids) <= 64 and item.roles[-1] == TEMPLATE
