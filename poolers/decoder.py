@@ -212,7 +212,7 @@ class MultiPromptPooler(Pooler):
             raise ConfigError(f"pooler {name!r} needs at least one template")
         self.layer = layer
         self.paper = paper
-        self._parts = [LastTokenPooler(f"{name}[{index}]", layer, text, sentence_rule, paper)
+        self._parts = [LastTokenPooler(f"{name}#prompt{index}", layer, text, sentence_rule, paper)
                        for index, text in enumerate(templates)]
 
     @property
@@ -220,6 +220,10 @@ class MultiPromptPooler(Pooler):
         return Needs(layers=(self.layer,), templated=True, decoder=True)
 
     def parts(self) -> list[Pooler]:
+        # named after this pooler's current name: renamed copies (metaeol@2, a layer sweep's metaeol[3]) must not
+        # share part names, or their embeddings would overwrite each other
+        for index, part in enumerate(self._parts):
+            part.name = f"{self.name}#prompt{index}"
         return list(self._parts)
 
     def __call__(self, out: EncoderOutput) -> torch.Tensor:

@@ -41,3 +41,27 @@ def test_evaluate_scores_decoder_methods_and_layers_in_one_table(mini_data, tmp_
     assert prov["poolers"]["contrastive_prompting"]["coeff"] == 0.5
     assert prov["poolers"]["echo"]["echo_template"] == "<s>Document:{!%%text%%}\nDocument again:{%%text%%}{</s>}"
     assert "| prompteol@1 |" in proc.stdout and "| metaeol |" in proc.stdout
+
+
+def test_layer_sweep_runs_decoder_methods_from_one_forward_per_form(mini_data, tmp_path):
+    """research/layer_sweep on a decoder: PromptEOL and MetaEOL at every layer, each equal to scoring it alone."""
+    from promptemb.data.tasks import get_tasks, load_registry
+    from promptemb.encoder.model import Encoder
+    from promptemb.evaluation.corpora import Corpora
+    from promptemb.evaluation.sts import evaluate_sts
+    from promptemb.poolers import build_pooler
+    from promptemb.research import layer_sweep
+    from promptemb.research.task_groups import StsTaskGroup
+
+    root, registry = mini_data
+    specs = load_registry(registry)
+    group = StsTaskGroup(get_tasks(["MINI-B"], specs), root, Corpora(root, specs))
+    model = save_tiny_decoder(tmp_path / "tiny_opt", "opt", layers=2, hidden=32)
+    encoder = Encoder(str(model), batch_size=4, progress=False)
+    sweep = layer_sweep.run_sweep(encoder, group, ["prompteol", "metaeol"], pairs=False, combos=[])
+    unique = evaluate_sts(encoder, group.tasks, group.root, [build_pooler("mean")])["unique_sentences"]
+    assert sweep["forward_sequences"] == (1 + 8) * unique  # every layer from one forward per prompt
+    assert sorted(sweep["rows"]) == [f"{name}[{layer}]" for name in ("metaeol", "prompteol") for layer in (0, 1, 2)]
+    for label, pooler in [("prompteol[1]", build_pooler("prompteol@1")), ("metaeol[0]", build_pooler("metaeol@0"))]:
+        alone = evaluate_sts(encoder, group.tasks, group.root, [pooler])["scores"]
+        assert sweep["rows"][label]["scores"] == pytest.approx(next(iter(alone.values())), abs=1e-9)
