@@ -170,3 +170,30 @@ def test_cli_decoder_method_on_an_encoder_is_one_line(tiny_bert, real_data_root,
     proc = evaluate(f"backbone.name_or_path={tiny_bert}", "poolers=[prompteol]", "tasks=[STS13]",
                     f"output_dir={tmp_path / 'out'}", data_root=real_data_root)
     assert_one_line_error(proc, r"pooler 'prompteol' is a decoder prompt method", tmp_path / "out")
+
+
+def test_device_map_quantization_and_dtype_reach_from_pretrained(llama, monkeypatch):
+    """Big-model options pass through to `from_pretrained` (accelerate places the weights; nothing is moved after)."""
+    import promptemb.encoder.model as model_module
+
+    seen = {}
+
+    def fake_load(name_or_path, **kwargs):
+        seen.update(kwargs)
+        raise ConfigError("stop after recording the arguments")
+
+    monkeypatch.setattr(model_module, "load_pretrained", fake_load)
+    with pytest.raises(ConfigError, match="stop after recording"):
+        Encoder(str(llama[0]), device_map="auto", dtype="bfloat16")
+    assert seen["device_map"] == "auto" and seen["dtype"] == torch.bfloat16 and "quantization_config" not in seen
+
+
+def test_bfloat16_decoder_embeddings_follow_float32(llama):
+    sentences = SENTENCES[:3]
+    pooler = build_pooler("prompteol")
+    full = Encoder(str(llama[0]), device="cpu", progress=False).embed(sentences, [pooler])["prompteol"]
+    half = Encoder(str(llama[0]), device="cpu", progress=False, dtype="bfloat16").embed(sentences, [pooler])
+    half = half["prompteol"]
+    assert half.dtype == np.float32 and half.shape == full.shape
+    cosine = (half * full).sum(1) / np.linalg.norm(half, axis=1) / np.linalg.norm(full, axis=1)
+    assert cosine.min() > 0.99
