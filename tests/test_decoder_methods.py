@@ -113,3 +113,13 @@ def test_all_methods_in_one_call_equal_each_alone(decoder):
     for pooler in poolers[1::2] + poolers[4:5]:  # one of each form
         alone = encoder.embed(SHORT, [build_pooler(pooler.name, **args.get(pooler.name, {}))])[pooler.name]
         np.testing.assert_array_equal(together[pooler.name], alone)
+
+
+def test_last_token_of_the_run_template_equals_prompteol(decoder):
+    """`last_token` pools the run's template (template=prompteol): the same input form as the `prompteol` pooler."""
+    from promptemb.encoder.template import Template
+
+    _, _, _, _, encoder = decoder
+    own = encoder.embed(SHORT, [build_pooler("prompteol")])["prompteol"]
+    run = encoder.embed(SHORT, [build_pooler("last_token")], Template(PROMPTEOL), "prompteol")["last_token"]
+    np.testing.assert_array_equal(run, own)
