@@ -1,7 +1,7 @@
 """Export a trained checkpoint: `python export.py ckpt=PATH.ckpt out=DIR [pooler=avg] [score=true]` (installed:
-`promptemb-export ...`). The command line lives in exporting/export.py."""
+`promptemb-export ...`). The command line lives in exporting/command_line.py."""
 
-from promptemb.exporting.export import main
+from promptemb.exporting.command_line import main
 
 if __name__ == "__main__":
     main()

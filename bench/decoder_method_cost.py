@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+
 from promptemb.data.root import resolve_data_root
 from promptemb.encoder.model import Encoder
 from promptemb.poolers import build_pooler

@@ -18,10 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import promptemb.lightning_modules.base as base
 import torch
-from promptemb.data.corpora import read_text_lines
+
+import promptemb.lightning_modules.base as base
 from promptemb.data.root import resolve_data_root
+from promptemb.data.training_corpora import read_text_lines
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 

@@ -18,13 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
+from sentence_transformers import SentenceTransformer
+
+from bench.timing import best_time
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
 from promptemb.encoder.model import Encoder, resolve_model_path
 from promptemb.poolers import build_poolers
-from sentence_transformers import SentenceTransformer
-
-from bench.timing import best_time
 
 
 def benchmark_sentences(root: Path, count: int, seed: int = 0) -> list[str]:

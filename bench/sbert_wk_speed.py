@@ -20,13 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
+
+from bench.timing import best_time
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
 from promptemb.encoder.inputs import InputForm, collate
 from promptemb.encoder.model import Encoder, combine_needs
 from promptemb.poolers.sbert_wk import SBERTWKPooler, sbert_wk_embed
-
-from bench.timing import best_time
 from tests.oracles import sbert_wk_sentence_loop
 
 

@@ -44,10 +44,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+
 from promptemb.common.errors import ConfigError, UserError
+from promptemb.common.instantiate import build
 from promptemb.common.io import atomic_write_json
 from promptemb.lightning_modules.losses import world_size
-from promptemb.training.runner import build, build_module, compose_train
+from promptemb.training.command_line import compose_train
+from promptemb.training.runner import build_module
 
 PHASES = ("data_wait", "inputs", "forward", "denoising", "backward", "optimiser")
 AUTOCAST = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16}

@@ -25,14 +25,15 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
+
 from promptemb.common.errors import DivergenceError
 from promptemb.common.io import atomic_write_json
+from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, STS_SUITE, get_tasks, load_registry
 from promptemb.encoder.model import Encoder, Shard, attention_implementation, combine_needs
 from promptemb.evaluation.analysis import analyse_task
 from promptemb.evaluation.clustering import ClusteringConfig
-from promptemb.evaluation.corpora import TARGET, Corpora
 from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.plots import plot_curve
 from promptemb.evaluation.report import attach_scoring_details, plot_name, scoring_provenance, write_report

@@ -6,11 +6,12 @@ quoted for the shell but not for Hydra, an unknown experiment or key, a run fold
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from collections.abc import Callable
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.run_folder import check_run_dir_before_hydra
+from promptemb.configs import CONFIG_DIR
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 #: The config each entry point composes.
 CONFIG_NAMES = {"train": "train", "evaluate": "eval"}
 
@@ -123,15 +124,11 @@ def check_override_syntax(argv: list[str]) -> None:
                                   ) from None
 
 
-def check_command_line(entry: str, argv: list[str]) -> None:
-    """Every check before Hydra composes the config of `entry` (train | evaluate); raises a one-line ConfigError."""
-    from promptemb.common.validation import check_run_dir_before_hydra
-
+def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[list[str]], None]) -> None:
+    """Every check before Hydra composes the config of `entry` (train | evaluate), with the entry point's own
+    `entry_checks` of its overrides; raises a one-line ConfigError."""
     check_renamed_keys(entry, argv)
     check_override_syntax(argv)
-    if entry == "train":
-        from promptemb.training.runner import check_experiment_overrides, check_override_keys
-
-        check_experiment_overrides(argv)
-        check_override_keys(argv)
+    for check in entry_checks:
+        check(argv)
     check_run_dir_before_hydra(CONFIG_NAMES[entry], argv)

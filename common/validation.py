@@ -1,4 +1,6 @@
-"""Checks of a composed train.py / evaluate.py config before any model or data is loaded.
+"""The generic checker of composed configs: type hints, ranges and choices by parameter name, files, folders and
+devices. The owners of each config group use it: training/config_checks.py (train.py), evaluation/config_checks.py
+(evaluate.py), encoder/settings.py (the backbone).
 
 Types come from where the values go: every config node with a `_target_` is checked against the type hints of that
 class's constructor (following `**kwargs` up the class hierarchy), the `backbone` node against `Encoder`'s, the
@@ -12,20 +14,19 @@ here leaves nothing behind: the run folder Hydra created for it (holding only Hy
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
-import shutil
 import tempfile
 import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
 from omegaconf import DictConfig, OmegaConf
-from promptemb.common.errors import ConfigError, UserError
+
+from promptemb.common.errors import ConfigError
 from promptemb.configs import CONFIG_DIR
 
 # -- declared once per parameter name --------------------------------------------------------------------------------
@@ -82,62 +83,16 @@ RANGES: dict[str, Range] = {
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu", "hpu")
 
 
-def _choices() -> dict[str, tuple[str, ...]]:
-    """Valid values by parameter name (imported lazily: the registries import torch and transformers)."""
-    from promptemb.encoder.model import DTYPES
-    from promptemb.encoder.template import SENTENCE_RULES
+#: Valid values by parameter name, registered by the modules that own them (`register_choices`).
+CHOICES: dict[str, tuple[str, ...]] = {"accelerator": ACCELERATORS}
 
-    return {"sentence_rule": SENTENCE_RULES, "dtype": tuple(DTYPES), "accelerator": ACCELERATORS}
+
+def register_choices(name: str, values) -> None:
+    """Declare the valid values of a parameter name wherever it occurs (the owner registers at import)."""
+    CHOICES[name] = tuple(values)
 
 
 # -- the keys that no constructor receives -----------------------------------------------------------------------
-
-
-@dataclass
-class TrainSettings:
-    """train.py's own top-level keys (the rest are `_target_` nodes)."""
-
-    task_name: str
-    data_root: str | None
-    output_dir: str
-    seed: int
-    eval_every_n_steps: int
-    ckpt_path: str | None
-    resume: bool
-    export_dir: str | None
-    paths: dict
-    backbone: dict
-    template: dict
-    extras: dict | None = None
-    hparams_search: dict | None = None
-    expected_scores: dict | None = None
-
-
-@dataclass
-class EvaluateSettings:
-    """evaluate.py's top-level keys (`backbone` is checked against `Encoder`)."""
-
-    mode: str
-    data_root: str | None
-    task_name: str
-    output_dir: str
-    paths: dict
-    backbone: dict
-    template: dict
-    tasks: list[str]
-    task_registry: str | None
-    poolers: list[str]
-    pooler_args: dict
-    post: list[str]
-    post_args: dict
-    fit_corpus: str
-    analysis: bool
-    max_sentence_tokens: int | None
-    seed: int
-    progress: bool
-    pooler: str
-    input: str | None
-    output: str | None
 
 
 @dataclass
@@ -274,7 +229,7 @@ def check_value(key: str, value: Any, hint=Any) -> None:
     if name in RANGES and number and not RANGES[name].contains(value):
         kind = "a number" if matches(0.5, hint) else "an integer"
         raise ConfigError(f"{shown} is out of range: {name} must be {kind} {RANGES[name].describe()}")
-    choices = _choices().get(name)
+    choices = CHOICES.get(name)
     if choices and isinstance(value, str) and value not in choices:
         raise ConfigError(f"{shown} is not valid: {name} must be one of {', '.join(choices)}")
 
@@ -431,168 +386,6 @@ def check_writable_dir(key: str, path: str | Path) -> None:
         raise ConfigError(f"{key}={str(path)!r} is not writable ({existing}: {err.strerror})") from None
 
 
-def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
-    """Hydra creates the run folder (`hydra.run.dir`, which is `output_dir`) before the task starts, and fails with
-    a traceback when it cannot: check that it can, first, with one line. Flags (-m, --cfg, ...) are left to Hydra."""
-    if any(arg.startswith("-") for arg in argv):
-        return
-    from hydra import compose, initialize_config_dir
-
-    try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            run_dir = compose(config_name, overrides=argv, return_hydra_config=True).hydra.run.dir
-    except Exception:  # overrides that do not compose: Hydra reports them
-        return
-    check_writable_dir("output_dir", run_dir)
 
 
-# -- leaving nothing behind ------------------------------------------------------------------------------------------
 
-#: What Hydra itself writes into a run folder before the task starts.
-HYDRA_OWN_FILES = (".hydra",)
-
-
-def hydra_run_dir() -> Path | None:
-    """The folder Hydra created for this single run (None outside Hydra and in multirun: a failed trial's folder
-    keeps its reason there)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return None
-    config = HydraConfig.get()
-    if config.mode != RunMode.RUN:
-        return None
-    return Path(config.runtime.output_dir)
-
-
-def remove_if_untouched(folder: Path) -> bool:
-    """Delete a run folder holding nothing but Hydra's own files (.hydra/ and the job log), i.e. a run that failed
-    before doing any work, and the folders above it inside the current directory that this leaves empty
-    (`logs/evaluate/` of a default path). True when removed."""
-    folder = Path(folder)
-    if not folder.is_dir() or not all(e.name in HYDRA_OWN_FILES or e.suffix == ".log" for e in folder.iterdir()):
-        return False
-    shutil.rmtree(folder, ignore_errors=True)
-    cwd = Path.cwd().resolve()
-    parent = folder.resolve().parent
-    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
-        parent.rmdir()
-        parent = parent.parent
-    return True
-
-
-def discard_hydra_run_dir() -> None:
-    """`remove_if_untouched` for this single run's Hydra folder."""
-    run_dir = hydra_run_dir()
-    if run_dir is not None:
-        remove_if_untouched(run_dir)
-
-
-@contextlib.contextmanager
-def nothing_left_on_user_error() -> Iterator[None]:
-    """A user error raised inside removes the Hydra folder of the run if nothing but Hydra's files are in it."""
-    try:
-        yield
-    except UserError:
-        discard_hydra_run_dir()
-        raise
-
-
-# -- entry points ----------------------------------------------------------------------------------------------------
-
-
-def _check_train(cfg: DictConfig) -> None:
-    from promptemb.data.root import resolve_data_root
-    from promptemb.encoder.model import check_model_source
-
-    container = resolved(cfg)
-    check_train_composition(container)
-    trainer = container.get("trainer") or {}
-    check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
-    model = container.get("model") or {}
-    if isinstance(model.get("model_name_or_path"), str):
-        check_model_source(model["model_name_or_path"])
-    root = resolve_data_root(container.get("data_root"))
-    check_training_data(cfg, container.get("data") or {}, root)
-    check_writable_dir("output_dir", container["output_dir"])
-    if container.get("export_dir"):
-        check_writable_dir("export_dir", Path(container["export_dir"]).parent)
-
-
-def check_backbone(container: dict) -> None:
-    from promptemb.encoder.model import Encoder
-
-    hints, _ = constructor_hints(Encoder)
-    check_node("backbone.", container.get("backbone") or {}, hints, False, "Encoder (the backbone)")
-
-
-def check_train_composition(container: dict) -> None:
-    """What a resolved train.py config must satisfy whatever the machine: types and ranges of every key, and a
-    template the recipe can train with."""
-    check_template(container, (container.get("model") or {}).get("_target_"))
-    check_settings(container, TrainSettings)
-    check_targets(container)
-    check_backbone(container)
-
-
-def check_evaluate_composition(container: dict) -> None:
-    """The same for evaluate.py: its settings, the backbone and a single template."""
-    check_template(container, None)
-    check_settings(container, EvaluateSettings)
-    check_backbone(container)
-
-
-def check_training_data(cfg: DictConfig, data: dict, root: Path) -> None:
-    """Local corpus files exist (the datamodule's own path rule) and a supervised csv has its three columns; a
-    `download` source is fetched later, when the run starts."""
-    if not data.get("_target_") or data.get("download"):
-        return
-    from promptemb.data.corpora import check_nli_header
-    from promptemb.training.runner import build
-
-    datamodule = build(cfg.data)
-    files = data.get("files") or ([data["file"]] if data.get("file") else [])
-    for name in files:
-        path = datamodule.resolve(name)
-        key = "data.files" if "files" in data else "data.file"
-        if not path.is_file():
-            raise ConfigError(f"{key}: corpus file {path} does not exist (relative paths are relative to the data "
-                              f"root {root})")
-        if data.get("format") == "nli_csv":
-            check_nli_header(path)
-
-
-def check_train_config(cfg: DictConfig) -> None:
-    """Everything about a train.py config that can be refuted before a model or a corpus is loaded."""
-    with nothing_left_on_user_error():
-        _check_train(cfg)
-
-
-def _check_evaluate(cfg: DictConfig) -> None:
-    from promptemb.encoder.model import check_model_source
-
-    container = resolved(cfg)
-    check_evaluate_composition(container)
-    backbone = container.get("backbone") or {}
-    check_device("backbone.device", str(backbone.get("device", "auto")))
-    if container.get("task_registry"):
-        check_readable_file("task_registry", container["task_registry"])
-    if container.get("mode") == "encode":
-        if container.get("input"):
-            check_readable_file("input", container["input"])
-        if container.get("output"):
-            output = Path(container["output"])
-            if output.is_dir():
-                raise ConfigError(f"output={str(output)!r} is a directory; pass a file name such as emb.npy")
-            check_writable_dir("output", output.parent)
-    else:
-        check_writable_dir("output_dir", container["output_dir"])
-    if isinstance(backbone.get("name_or_path"), str):
-        check_model_source(backbone["name_or_path"])
-
-
-def check_evaluate_config(cfg: DictConfig) -> None:
-    """Everything about an evaluate.py config that can be refuted before a model or a data file is loaded."""
-    with nothing_left_on_user_error():
-        _check_evaluate(cfg)

@@ -20,15 +20,9 @@ from typing import Literal
 
 import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader
+
 from promptemb.common.errors import ConfigError, DataError
-from promptemb.data.corpora import (
-    HELD_OUT_TASKS,
-    held_out_sentences,
-    normalise_for_matching,
-    read_nli_csv,
-    read_text_lines,
-    sick_triplets,
-)
 from promptemb.data.download import DEFAULT_CACHE, fetch, load_source
 from promptemb.data.pretokenized import (
     PretokenizedExamples,
@@ -38,7 +32,14 @@ from promptemb.data.pretokenized import (
 )
 from promptemb.data.root import resolve_data_root
 from promptemb.data.sampling import DataPosition, EpochSampler
-from torch.utils.data import DataLoader
+from promptemb.data.training_corpora import (
+    HELD_OUT_TASKS,
+    held_out_sentences,
+    normalise_for_matching,
+    read_nli_csv,
+    read_text_lines,
+    sick_triplets,
+)
 
 log = logging.getLogger(__name__)
 # Lightning cannot see that the datamodule restores the position itself (its own check wants a stateful loader).

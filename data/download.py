@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+
 from promptemb.common.errors import ConfigError, DataError, exit_on_user_error
 from promptemb.data.checksums import count_lines, sha256_file
 from promptemb.data.tasks import REGISTRY_FILE, load_registry

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from promptemb.encoder.inputs import InputBuilder
 
 log = logging.getLogger(__name__)

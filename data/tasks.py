@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.checksums import verify_file
 from promptemb.data.labeled import (

@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
 from promptemb.common.errors import ConfigError
+from promptemb.common.validation import register_choices
 from promptemb.encoder.inputs import PAD, POOLED, SENTENCE, SLOT, SPECIAL, TEMPLATE, Batch, InputForm, TokenizedInput
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
-from promptemb.encoder.template import apply_sentence_rule
+from promptemb.encoder.template import Template, apply_sentence_rule
 
 if TYPE_CHECKING:
-    from promptemb.poolers.base import Needs
+    from promptemb.encoder.pooling import Needs
 
 #: Token Prepending's placeholder in a template: one position whose state the previous layer's last token overwrites
 PLACEHOLDER = "<PST>"
@@ -35,6 +37,23 @@ PLACEHOLDER = "<PST>"
 #: `{!...}` ones are not pooled, `%%text%%` is the sentence, `<s>` / `</s>` the tokenizer's BOS / EOS.
 ECHO_SENTENCE = "%%text%%"
 PADDING_SIDES = ("right", "left")
+register_choices("padding_side", PADDING_SIDES)
+
+
+#: the template every message suggests (PromptEOL's)
+EXAMPLE_TEMPLATE = 'This sentence : "[X]" means in one word:"'
+
+
+def check_last_token_template(who: str, template: Template | None) -> None:
+    """Last-token pooling pools the template's own last token: the template must end in text after `[X]`."""
+    if template is None:
+        raise ConfigError(f"pooler {who!r} pools the last token of a prompt; pass a template, e.g. "
+                          f"template.text='{EXAMPLE_TEMPLATE}'")
+    suffix = template.suffix.strip()
+    if not suffix or suffix.endswith(PLACEHOLDER):
+        raise ConfigError(f"pooler {who!r}: template {template.text!r} has no poolable last token (it ends with "
+                          f"{PLACEHOLDER if suffix else 'the sentence'}); end it with the prompt's own words, e.g. "
+                          f"'{EXAMPLE_TEMPLATE}'")
 
 
 def is_causal_lm(config) -> bool:

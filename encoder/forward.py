@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+
 from promptemb.encoder.inputs import PAD, SPECIAL, TEMPLATE, Batch, InputBuilder
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
-from promptemb.poolers.base import Needs
+from promptemb.encoder.pooling import Needs
 
 
 class InputEmbedder(Protocol):

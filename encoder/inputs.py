@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.template import MASK_SLOT, Template, apply_sentence_rule
 

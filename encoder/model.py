@@ -12,20 +12,28 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from promptemb.common.errors import ConfigError
-from promptemb.encoder.decoder import PADDING_SIDES, DecoderInputBuilder, is_causal_lm, run_decoder
-from promptemb.encoder.forward import InputEmbedder, max_input_length, run_transformer
-from promptemb.encoder.inputs import Batch, InputBuilder, InputForm
-from promptemb.encoder.outputs import EncoderOutput, normalize_layer
-from promptemb.encoder.template import Template
-from promptemb.poolers.base import Needs, Pooler
-from promptemb.poolers.decoder import check_last_token_template
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
+from promptemb.common.errors import ConfigError
+from promptemb.common.validation import register_choices
+from promptemb.encoder.decoder import (
+    PADDING_SIDES,
+    DecoderInputBuilder,
+    check_last_token_template,
+    is_causal_lm,
+    run_decoder,
+)
+from promptemb.encoder.forward import InputEmbedder, max_input_length, run_transformer
+from promptemb.encoder.inputs import Batch, InputBuilder, InputForm
+from promptemb.encoder.outputs import EncoderOutput, normalize_layer
+from promptemb.encoder.pooling import Needs, Pooler
+from promptemb.encoder.template import Template
+
 PACKAGE_PREFIX = "package:"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+register_choices("dtype", DTYPES)
 QUANTIZATIONS = ("4bit",)
 
 

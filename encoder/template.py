@@ -1,6 +1,7 @@
 """Prompt templates such as `This sentence : "[X]" means [MASK] .` and the sentence rules applied before them.
 
-A template is applied at the token level (DESIGN.md §3): `[CLS] + prefix ids + sentence ids + suffix ids + [SEP]`.
+A template is applied at the token level, as PromptBERT's reference code does:
+`[CLS] + prefix ids + sentence ids + suffix ids + [SEP]`.
 Prefix and suffix are tokenized once; only the sentence is ever truncated.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.validation import register_choices
 
 SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"
@@ -21,6 +23,7 @@ MASK_SLOT = "[MASK]"
 #: built on it): `append_period`, then every `"` becomes `'` (the templates quote the sentence with `"`), then a
 #: final `?` becomes `.`.
 SENTENCE_RULES = ("none", "append_period", "promptbert", "prompteol")
+register_choices("sentence_rule", SENTENCE_RULES)
 
 
 def apply_sentence_rule(sentence: str, rule: str) -> str:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from promptemb.evaluation.variants import task_rows
 
 #: Pairs whose gold similarity is at least this (0-5 STS scale; SICK 1-5) count as positives for alignment.

@@ -24,12 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from promptemb.common.errors import DataError
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score
 from sklearn.utils.extmath import row_norms
 from threadpoolctl import threadpool_limits
+
+from promptemb.common.errors import DataError
 
 
 @dataclass(frozen=True)

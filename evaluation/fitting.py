@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from promptemb.common.errors import ConfigError
-from promptemb.evaluation.corpora import TARGET, Corpora
+from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.fitted import CorpusFittedPooler
 

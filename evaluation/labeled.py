@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from promptemb.data.labeled import LabeledSplit
 from promptemb.data.tasks import TaskSpec
 from promptemb.encoder.model import Encoder

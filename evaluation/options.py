@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.tasks import TaskSpec
 from promptemb.encoder.template import Template
-from promptemb.evaluation.corpora import TARGET, Corpora
 from promptemb.postprocessing.base import PostProcessor
 
 

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
+
 from promptemb.common.errors import ConfigError
 from promptemb.common.io import atomic_write, atomic_write_json
+from promptemb.common.run_folder import discard_hydra_run_dir, nothing_left_on_user_error
 from promptemb.common.seed import seed_everything
-from promptemb.common.validation import check_evaluate_config, discard_hydra_run_dir, nothing_left_on_user_error
+from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.readers import read_sentences
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, get_tasks, load_registry
@@ -20,7 +22,7 @@ from promptemb.encoder.model import Encoder, combine_needs
 from promptemb.encoder.template import SENTENCE_RULES, Template
 from promptemb.evaluation.analysis import analyse_task
 from promptemb.evaluation.clustering import ClusteringConfig
-from promptemb.evaluation.corpora import TARGET, Corpora
+from promptemb.evaluation.config_checks import check_evaluate_config
 from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.report import (
     attach_scoring_details,

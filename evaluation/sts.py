@@ -13,16 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import pearsonr, spearmanr
+
+from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.readers import SentencePairs
 from promptemb.data.tasks import TaskSpec
 from promptemb.encoder.model import Encoder, Truncation
 from promptemb.encoder.template import Template
-from promptemb.evaluation.corpora import TARGET, Corpora
 from promptemb.evaluation.fitting import load_fit_corpora, plan_poolers
 from promptemb.evaluation.options import DEFAULT_OPTIONS, ScoringOptions
 from promptemb.evaluation.variants import PooledEmbeddings, score_variants, task_rows
 from promptemb.poolers.base import Pooler
-from scipy.stats import pearsonr, spearmanr
 
 log = logging.getLogger(__name__)
 #: truncation counts already reported in this process (the training callback scores STS-B dev again and again)

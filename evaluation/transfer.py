@@ -37,9 +37,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
-from promptemb.common.errors import DataError
 from sklearn.metrics import f1_score
 from sklearn.model_selection import StratifiedKFold
+
+from promptemb.common.errors import DataError
 
 PROTOCOLS = ("inner_kfold", "kfold", "split")
 

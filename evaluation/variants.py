@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from promptemb.evaluation.corpora import TARGET
+
+from promptemb.data.fit_corpora import TARGET
 from promptemb.postprocessing.base import PostProcessor
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from promptemb.inference.prompt_encoder import PromptEncoder
 from safetensors.torch import save_file
+
+from promptemb.inference.prompt_encoder import PromptEncoder
 
 
 def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:

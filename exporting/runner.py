@@ -12,7 +12,10 @@ from pathlib import Path
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.io import umask_mode
 from promptemb.common.optional import require
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import get_tasks
 from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.sts import evaluate_sts
 from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
@@ -60,10 +63,6 @@ def run_scores(checkpoint: Path, encoder: PromptEncoder) -> tuple[dict | None, s
 
 
 def score_encoder(encoder: PromptEncoder, tasks: list[str], data_root: str | None) -> dict:
-    from promptemb.data.root import resolve_data_root
-    from promptemb.data.tasks import get_tasks
-    from promptemb.evaluation.sts import evaluate_sts
-
     options = ScoringOptions(encoder.template, encoder.sentence_rule, encoder.max_sentence_tokens)
     result = evaluate_sts(encoder.encoder, get_tasks(tasks), resolve_data_root(data_root), [encoder.pooler], options)
     return result["scores"]

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.model import Encoder, resolve_device
 from promptemb.encoder.template import Template
+from promptemb.inference.prompt_encoder import PromptEncoder, export_block
+from promptemb.lightning_modules.checkpoint import load_module_checkpoint, read_checkpoint
 from promptemb.poolers.base import Pooler
 
 CHECKPOINT_DIR = "checkpoints"
@@ -39,8 +42,6 @@ class TrainedModel:
 
 def source_kind(name_or_path: str) -> str:
     """`checkpoint`, `run`, `export` or `pretrained` (a plain Hugging Face model, loaded by `Encoder`)."""
-    from promptemb.inference.prompt_encoder import export_block
-
     path = Path(name_or_path)
     if path.is_file():
         return "checkpoint"
@@ -54,8 +55,6 @@ def source_kind(name_or_path: str) -> str:
 def best_checkpoint(run_dir: Path) -> Path:
     """The best checkpoint of a train.py run folder: the one its checkpoint callback recorded in `last.ckpt` (paths
     stored relative to the checkpoint folder), else the folder's only non-last checkpoint."""
-    from promptemb.lightning_modules.checkpoint import read_checkpoint
-
     folder = run_dir / CHECKPOINT_DIR
     last = folder / LAST_CHECKPOINT
     if last.is_file():
@@ -82,8 +81,6 @@ def switch_to_eager_attention(transformer: torch.nn.Module) -> None:
 
 
 def from_checkpoint(path: Path, *, device, batch_size: int, attentions: bool, source: dict) -> TrainedModel:
-    from promptemb.lightning_modules.checkpoint import load_module_checkpoint
-
     loaded = load_module_checkpoint(path)
     module = loaded.module.to(resolve_device(device))
     if attentions:
@@ -95,8 +92,6 @@ def from_checkpoint(path: Path, *, device, batch_size: int, attentions: bool, so
 
 
 def from_export(directory: Path, *, device, batch_size: int, attentions: bool) -> TrainedModel:
-    from promptemb.inference.prompt_encoder import PromptEncoder
-
     exported = PromptEncoder.from_export(directory, batch_size=batch_size, device=str(resolve_device(device)))
     encoder = exported.encoder
     if attentions:

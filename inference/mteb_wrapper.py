@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from promptemb.inference.prompt_encoder import PromptEncoder
 
 

@@ -13,11 +13,13 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.version import framework_version
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.model import Encoder, resolve_device
 from promptemb.encoder.template import Template
+from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.lightning_modules.heads import MLMTransformHead
 from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
@@ -192,8 +194,6 @@ class PromptEncoder:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, base_model: str | None = None, **kwargs) -> PromptEncoder:
-        from promptemb.lightning_modules.checkpoint import load_module_checkpoint
-
         loaded = load_module_checkpoint(path, base_model)
         source = {"checkpoint": str(Path(path).resolve()), "checkpoint_sha256": loaded.sha256,
                   "global_step": loaded.global_step}

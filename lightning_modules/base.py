@@ -14,6 +14,8 @@ from dataclasses import replace
 
 import pytorch_lightning as pl
 import torch
+from torch.optim.lr_scheduler import LRScheduler
+
 from promptemb.common.errors import ConfigError, DivergenceError
 from promptemb.data.pretokenized import SentenceTokenization
 from promptemb.encoder.forward import concat_batches, max_input_length, run_transformer, template_biases
@@ -24,7 +26,6 @@ from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache
 from promptemb.lightning_modules.losses import info_nce, world_size
 from promptemb.lightning_modules.schedules import linear_warmup_decay
 from promptemb.poolers.base import Pooler
-from torch.optim.lr_scheduler import LRScheduler
 
 #: The optimiser and schedule when none is passed (configs/optimizer/adamw.yaml, configs/scheduler/linear.yaml).
 DEFAULT_OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0)

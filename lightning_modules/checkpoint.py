@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from promptemb.common.errors import ConfigError, DataError
 
 MODULE_CLASSES = {

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from promptemb.encoder.inputs import TEMPLATE, Batch
 from torch import nn
+
+from promptemb.encoder.inputs import TEMPLATE, Batch
 
 
 class SoftTemplate(nn.Module):

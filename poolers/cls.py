@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler
 

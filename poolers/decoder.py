@@ -8,15 +8,23 @@ Each method's defaults are its paper's / official code's (recorded in provenance
 from __future__ import annotations
 
 import torch
+
 from promptemb.common.errors import ConfigError
-from promptemb.encoder.decoder import PLACEHOLDER, ContrastivePrompting, DecoderForm, TokenPrepending, last_positions
+from promptemb.encoder.decoder import (
+    EXAMPLE_TEMPLATE,
+    PLACEHOLDER,
+    ContrastivePrompting,
+    DecoderForm,
+    TokenPrepending,
+    last_positions,
+)
 from promptemb.encoder.inputs import POOLED, InputForm
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.encoder.template import Template
 from promptemb.poolers.base import Needs, Pooler, masked_mean
 
 #: Jiang et al. 2023, "Scaling Sentence Embeddings with Large Language Models" (kongds/scaling_sentemb)
-PROMPTEOL = 'This sentence : "[X]" means in one word:"'
+PROMPTEOL = EXAMPLE_TEMPLATE
 #: Zhang et al. 2024, "Simple Techniques for Enhancing Sentence Embeddings in Generative Language Models"
 #: (ZBWpro/PretCoTandKE settings.py)
 PRETENDED_COT = 'After thinking step by step , this sentence : "[X]" means in one word:"'
@@ -59,18 +67,6 @@ ECHO_DOCUMENT = "<s>Document:{!%%text%%}\nDocument again:{%%text%%}{</s>}"
 TOKEN_PREPENDING_PROMPTEOL = 'This sentence : <PST> "[X]" means in one word:"'
 #: Cheng et al. 2025, "Contrastive Prompting" (zifengcheng/CP evaluate_intervention.py): the auxiliary prompt
 CONTRASTIVE_AUXILIARY = 'The irrelevant information of this sentence : "[X]" means in one word:"'
-
-
-def check_last_token_template(who: str, template: Template | None) -> None:
-    """Last-token pooling pools the template's own last token: the template must end in text after `[X]`."""
-    if template is None:
-        raise ConfigError(f"pooler {who!r} pools the last token of a prompt; pass a template, e.g. "
-                          f"template.text='{PROMPTEOL}'")
-    suffix = template.suffix.strip()
-    if not suffix or suffix.endswith(PLACEHOLDER):
-        raise ConfigError(f"pooler {who!r}: template {template.text!r} has no poolable last token (it ends with "
-                          f"{PLACEHOLDER if suffix else 'the sentence'}); end it with the prompt's own words, e.g. "
-                          f"'{PROMPTEOL}'")
 
 
 class LastTokenPooler(Pooler):

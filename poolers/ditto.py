@@ -4,6 +4,7 @@ Sentence Embeddings", Eq. 2-3)."""
 from __future__ import annotations
 
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler

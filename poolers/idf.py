@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, masked_mean, pooled_tokens, require_template_for
 from promptemb.poolers.fitted import CorpusFittedPooler
@@ -18,10 +19,11 @@ def document_frequencies(token_ids: list[list[int]], vocab_size: int) -> np.ndar
 
 
 class IdfPooler(CorpusFittedPooler):
-    """e = Σ_{t∈T} idf(x_t)·h̄_t / Σ_{t∈T} idf(x_t), h̄ = mean of `layers` (seed 001's idf weighting).
+    """e = Σ_{t∈T} idf(x_t)·h̄_t / Σ_{t∈T} idf(x_t), h̄ = mean of `layers` (idf weighting of Stankevičius &
+    Lukoševičius, 2024, "Extracting Sentence Embeddings from Pretrained Transformer Models").
 
-    T = the real tokens of the plain input, or of the prompt-templated input when `templated` (`avg_idf`: seed 001's
-    "templated avg + idf"), minus the [MASK] tokens when `include_mask` is False.
+    T = the real tokens of the plain input, or of the prompt-templated input when `templated` (`avg_idf`: the
+    paper's "templated avg + idf"), minus the [MASK] tokens when `include_mask` is False.
     idf(v) = log(N / df_v) over the N sentences of the fit corpus, tokenized exactly as the encoder does
     (`[CLS] sentence [SEP]`, never templated), so [CLS]/[SEP] occur in every sentence and get weight 0. A token that
     never occurs in the corpus is treated as occurring once (idf = log N, the rarest weight): on a templated input the

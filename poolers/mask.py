@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
+
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 from promptemb.poolers.base import Needs, Pooler, masked_mean
-from torch import nn
 
 
 class MaskPooler(Pooler):

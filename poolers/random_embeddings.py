@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler, masked_mean
 
 
 class RandomEmbeddingPooler(Pooler):
-    """e = (1/|T|) Σ_{t∈T} R[x_t], R ∈ ℝ^{V×D} with i.i.d. N(0, 1) entries drawn once from `seed` (seed 001's
-    "Random Embeddings" baseline: what a bag of tokens scores with no learned geometry at all).
+    """e = (1/|T|) Σ_{t∈T} R[x_t], R ∈ ℝ^{V×D} with i.i.d. N(0, 1) entries drawn once from `seed` (the
+    "Random Embeddings" baseline of Stankevičius & Lukoševičius, 2024, "Extracting Sentence Embeddings from Pretrained
+    Transformer Models": what a bag of tokens scores with no learned geometry at all).
 
     T = every non-padding token of the plain input ([CLS]/[SEP] included, as `static`); V = the tokenizer's vocabulary;
     D = `dim`, default the model's hidden size. No transformer layer runs.

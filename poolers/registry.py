@@ -45,7 +45,7 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "idf": (IdfPooler, {}),
     "remove_biases": (RemoveBiasesPooler, {}),
     "remove_biases_contextual": (RemoveBiasesPooler, {"variant": "contextual"}),
-    # seed 001: token weighting on the templated input, templated average without [MASK], baselines
+    # Stankevičius & Lukoševičius: token weighting on the templated input, templated average without [MASK], baselines
     "avg_no_mask": (MeanPooler, {"templated": True, "include_mask": False}),
     "avg_idf": (IdfPooler, {"templated": True}),
     "avg_remove_biases": (RemoveBiasesPooler, {"variant": "contextual", "templated": True}),
@@ -81,6 +81,52 @@ def split_layer(name: str) -> tuple[str, int | None]:
     except ValueError:
         raise ConfigError(f"pooler {name!r}: the part after {LAYER_SEPARATOR!r} must be a layer index, e.g. "
                           f"{base}{LAYER_SEPARATOR}-2") from None
+
+_EXTRACTION_STUDY = ('Stankevičius & Lukoševičius (2024), "Extracting Sentence Embeddings from Pretrained Transformer '
+                     'Models"')
+_PROMPTBERT = 'Jiang et al. (2022), "PromptBERT: Improving BERT Sentence Embeddings with Prompts"'
+#: The paper (and the part of it) each registered name follows; docs/reference.md is generated from this and the
+#: classes' docstrings (`python -m promptemb.research.component_reference`).
+_PROMPTEOL = 'Jiang et al. (2023), "Scaling Sentence Embeddings with Large Language Models" (PromptEOL)'
+_PRETCOT_KE = ('Zhang et al. (2024), "Simple Techniques for Enhancing Sentence Embeddings in Generative Language '
+               'Models"')
+_ECHO = 'Springer et al. (2024), "Repetition Improves Language Model Embeddings"'
+PAPERS: dict[str, str] = {
+    "cls": 'Devlin et al. (2019), "BERT": the [CLS] state',
+    "mean": 'Reimers & Gurevych (2019), "Sentence-BERT": mean pooling',
+    "first_last": 'Li et al. (2020), "On the Sentence Embeddings from Pre-trained Language Models" (first-last avg.); '
+                  'layers 1 and L as SimCSE (Gao et al., 2021) reports it',
+    "avg": f"{_PROMPTBERT}, Table 1: the average over the templated input",
+    "static": f"{_PROMPTBERT}, §3: the static token embeddings, averaged",
+    "mask": f"{_PROMPTBERT}, Eq. 2: the [MASK] state",
+    "mask_denoised": f"{_PROMPTBERT}, §5: the [MASK] state minus the template bias (template denoising)",
+    "mask_topk": f"{_PROMPTBERT}, Eq. 3: the top-k MLM tokens' static embeddings weighted by their probabilities",
+    "ditto": 'Chen et al. (2023), "Ditto: A Simple and Efficient Approach to Improve Sentence Embeddings", Eq. 2-3',
+    "sbert_wk": 'Wang & Kuo (2020), "SBERT-WK: A Sentence Embedding Method by Dissecting BERT-based Word Models", '
+                "§IV, Eq. 9-15",
+    "idf": f"{_EXTRACTION_STUDY}: idf-weighted average",
+    "remove_biases": f"{_PROMPTBERT}, §3 / Table 2: static embeddings without the biased tokens",
+    "remove_biases_contextual": f"{_PROMPTBERT}, §3 / Table 2: last-layer states without the biased tokens",
+    "avg_no_mask": f"{_EXTRACTION_STUDY}: templated average without the [MASK] tokens",
+    "avg_idf": f"{_EXTRACTION_STUDY}: idf-weighted templated average",
+    "avg_remove_biases": f"{_EXTRACTION_STUDY} with {_PROMPTBERT}'s token filter: templated average without the "
+                         "biased tokens",
+    "random": f"{_EXTRACTION_STUDY}: the Random Embeddings baseline",
+    "token_avg": f"{_EXTRACTION_STUDY}: the Avg. static model",
+    "bert_token_avg": f"{_EXTRACTION_STUDY}: BERT+Avg.",
+    "last_token": f"{_PROMPTEOL}: the last token's state of the run's template",
+    "prompteol": f"{_PROMPTEOL}: the last token's state of `This sentence : \"[X]\" means in one word:\"`",
+    "pcot": f"{_PRETCOT_KE}: Pretended Chain of Thought, the last token at layer -2",
+    "ke": f"{_PRETCOT_KE}: Knowledge Enhancement, the last token at layer -2",
+    "metaeol": 'Lei et al. (2024), "Meta-Task Prompting Elicits Embeddings from Large Language Models": the mean '
+               "over 8 meta-task prompts",
+    "echo": f"{_ECHO}: the last pooled token (`</s>`) after the repeated sentence",
+    "echo_mean": f"{_ECHO}: the mean over the second copy of the sentence",
+    "token_prepending": 'Fu et al. (2025), "Token Prepending: A Training-Free Approach for Eliciting Better Sentence '
+                        'Embeddings from LLMs"',
+    "contrastive_prompting": 'Cheng et al. (2025), "Contrastive Prompting Enhances Sentence Embeddings in LLMs through '
+                             'Inference-Time Steering"',
+}
 
 
 def pooler_class(name: str) -> type[Pooler]:

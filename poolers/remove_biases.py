@@ -7,11 +7,12 @@ import unicodedata
 from collections.abc import Sequence
 
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler, masked_mean
 
-#: The 36 most frequent bert-base-uncased tokens of the reference (DESIGN.md §3).
+#: The 36 most frequent bert-base-uncased tokens of the reference implementation (PromptBERT).
 BERT_UNCASED_TOP36 = (
     ".", "a", "the", "in", ",", "is", "to", "of", "and", "'", "on", "man", "-", "s", "with", "for", '"', "at", "##s",
     "woman", "are", "it", "two", "that", "you", "dog", "said", "playing", "i", "an", "as", "was", "from", ":", "by",

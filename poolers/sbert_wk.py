@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 from promptemb.poolers.base import Needs, Pooler
@@ -102,9 +103,9 @@ def sbert_wk_embed(layers: torch.Tensor, tokens: torch.Tensor, window: int = 2, 
 
 
 class SBERTWKPooler(Pooler):
-    """SBERT-WK with the reference's behaviour (DESIGN.md §3):
+    """e = Σ_t w_t v̂_t with v̂_t = Σ_k α_k h^(k)_t (SBERT-WK, Eq. 9-15), as the reference implementation computes it.
 
-    layers k = layer_start..L (hidden_states indices, 0 = embeddings); tokens = all real tokens but the last
+    Layers k = layer_start..L (hidden_states indices, 0 = embeddings); tokens = all real tokens but the last
     ([CLS] kept, [SEP] dropped); per token, unified word vector v̂_t = Σ_k α_k h^(k)_t (`layer_weights`, Eq. 9-13);
     word weight w_t = Var_k cos(h^(k)_t, h^(k+1)_t) / Σ_t' Var (Eq. 14); e = Σ_t w_t v̂_t (Eq. 15). Plain input, or
     the prompt-templated input (template and [MASK] tokens weighted like sentence tokens) when `templated`.

@@ -1,5 +1,6 @@
-"""seed 001's "Avg." static model (each token's hidden state averaged over its occurrences in a named corpus) and
-BERT+Avg. (the contextual mean mixed with it)."""
+"""The "Avg." static model (each token's hidden state averaged over its occurrences in a named corpus) and BERT+Avg.
+(the contextual mean mixed with it) of Stankevičius & Lukoševičius, 2024, "Extracting Sentence Embeddings from
+Pretrained Transformer Models"."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import weakref
 from collections.abc import Sequence
 
 import torch
+
 from promptemb.common.errors import ConfigError
+from promptemb.data.fit_corpora import TARGET
 from promptemb.encoder.inputs import InputForm, collate
 from promptemb.encoder.outputs import EncoderOutput
-from promptemb.evaluation.corpora import TARGET
 from promptemb.poolers.base import Needs, masked_mean
 from promptemb.poolers.fitted import CorpusFittedPooler
 

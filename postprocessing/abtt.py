@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from promptemb.common.errors import ConfigError
 from promptemb.postprocessing.base import PostProcessor, centered
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+from sklearn.preprocessing import QuantileTransformer
+
 from promptemb.common.errors import ConfigError
 from promptemb.postprocessing.base import PostProcessor
-from sklearn.preprocessing import QuantileTransformer
 
 OUTPUT_DISTRIBUTIONS = ("uniform", "normal")
 
 
 class QuantileUniform(PostProcessor):
-    """y_d = F̂_d(x_d) (`uniform`) or y_d = Φ⁻¹(F̂_d(x_d)) (`normal`, seed 001's quantile normalisation to a Gaussian):
-    each dimension mapped through its empirical CDF F̂_d on the fit corpus (scikit-learn's QuantileTransformer,
+    """y_d = F̂_d(x_d) (`uniform`) or y_d = Φ⁻¹(F̂_d(x_d)) (`normal`, the quantile normalisation to a
+    Gaussian of Stankevičius & Lukoševičius, 2024, "Extracting Sentence Embeddings from Pretrained Transformer
+    Models"): each dimension mapped through its empirical CDF F̂_d on the fit corpus (scikit-learn's QuantileTransformer,
     `n_quantiles` = min(1000, corpus size), no subsampling; the normal output clips at scikit-learn's ±5.2σ)."""
 
     def __init__(self, name: str = "quantile_u", n_quantiles: int = 1000, output_distribution: str = "uniform"):

@@ -24,6 +24,20 @@ _REGISTRY: dict[str, tuple[type[PostProcessor], dict[str, Any]]] = {
 }
 POST_NAMES = tuple(_REGISTRY)
 
+_EXTRACTION_STUDY = ('Stankevičius & Lukoševičius (2024), "Extracting Sentence Embeddings from Pretrained Transformer '
+                     'Models"')
+#: The paper each registered name follows (docs/reference.md is generated from this and the classes' docstrings).
+PAPERS: dict[str, str] = {
+    "quantile_u": f"{_EXTRACTION_STUDY}: quantile transform to a uniform distribution",
+    "quantile_n": f"{_EXTRACTION_STUDY}: quantile normalisation to a Gaussian",
+    "zscore": f"{_EXTRACTION_STUDY}: per-dimension standardisation",
+    "whiten": 'Su et al. (2021), "Whitening Sentence Representations for Better Semantics and Faster Retrieval", '
+              "Eq. 5-7",
+    "abtt": 'Mu & Viswanath (2018), "All-but-the-Top: Simple and Effective Postprocessing for Word Representations", '
+            "Algorithm 1",
+    "normalize": "unit length, so that the dot product is the cosine (no paper of its own)",
+}
+
 
 def build_post(name: str, **overrides: Any) -> PostProcessor:
     return build_named(_REGISTRY, "post-processor", "valid", name, overrides)

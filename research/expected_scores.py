@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from promptemb.common.errors import ConfigError, DataError, exit_on_user_error
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "configs" / "experiment"

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.encoder.model import Encoder, combine_needs
 from promptemb.encoder.outputs import normalize_layer
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--poolers", nargs="+", default=["mean"])
     parser.add_argument("--pairs", action="store_true", help="also every pair of layers i+j (a heatmap)")
     parser.add_argument("--combos", nargs="*", default=["1+2+L", "0+1+2+L"],
-                        help="layer combinations such as 1+2+L (seed 001: 1+2+L for STS, 0+1+2+L for clustering)")
+                        help="layer combinations such as 1+2+L (Stankevičius & Lukoševičius: 1+2+L for STS, 0+1+2+L "
+                             "for clustering)")
     parser.add_argument("--template", default=None, help="for poolers over the templated input (avg, mask, ...)")
     add_task_arguments(parser, None, "results/research/layer_sweep")
     args = parser.parse_args(argv)

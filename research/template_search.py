@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.common.io import atomic_write_text
 from promptemb.configs import CONFIG_DIR

@@ -16,16 +16,17 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import spearmanr
+from sklearn.decomposition import PCA
+
 from promptemb.common.errors import exit_on_user_error
+from promptemb.data.fit_corpora import Corpora
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, load_registry
 from promptemb.encoder.model import Encoder
-from promptemb.evaluation.corpora import Corpora
 from promptemb.evaluation.report import software_versions, utc_timestamp
 from promptemb.research.outputs import markdown, write_outputs
 from promptemb.research.plots import _pyplot, _save
-from scipy.stats import spearmanr
-from sklearn.decomposition import PCA
 
 
 def token_counts(tokenizer, sentences: list[str]) -> np.ndarray:

@@ -13,13 +13,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import STS_SUITE, get_tasks
 from promptemb.encoder.model import Encoder, resolve_model_path
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_poolers
-from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
 
 def sentence_transformers_scores(model_path: str, tasks, root: Path, batch_size: int) -> dict[str, float]:

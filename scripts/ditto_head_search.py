@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
+
 from promptemb.common.errors import exit_on_user_error
 from promptemb.common.io import atomic_write, atomic_write_json
 from promptemb.data.root import resolve_data_root

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import torch
+
 from promptemb.poolers.decoder import (
     CONTRASTIVE_AUXILIARY,
     KNOWLEDGE_ENHANCEMENT,

@@ -7,6 +7,7 @@ import copy
 import re
 
 import torch
+
 from promptemb.encoder.decoder import placeholder_embedding
 
 

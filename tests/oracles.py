@@ -9,7 +9,7 @@ from sklearn.preprocessing import normalize
 
 def sbert_wk_token_loop(token_feature: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
     """One token, [K, D] layer features -> (unified vector [D], alpha [K]); numpy QR per layer, as described in
-    DESIGN.md §3 (left window [k-m, k) via Python slicing, right window (k, k+m], then layer k)."""
+    the reference implementation (left window [k-m, k) via Python slicing, right window (k, k+m], then layer k)."""
     num_layers = token_feature.shape[0]
     alignment, novelty = np.zeros(num_layers), np.zeros(num_layers)
     for k in range(num_layers):

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+
 from promptemb.evaluation.analysis import alignment, anisotropy, isoscore, random_pairs, uniformity
 
 

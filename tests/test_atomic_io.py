@@ -3,6 +3,7 @@
 import os
 
 import pytest
+
 from promptemb.common.io import atomic_write, atomic_write_json, umask_mode
 
 

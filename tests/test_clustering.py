@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.cluster import KMeans
+from threadpoolctl import threadpool_limits
+
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.labeled import read_clustering
 from promptemb.data.tasks import TASK_GROUPS, TaskSpec, get_tasks, load_registry
@@ -21,8 +24,6 @@ from promptemb.evaluation.clustering import (
     same_partition,
     seeder_for,
 )
-from sklearn.cluster import KMeans
-from threadpoolctl import threadpool_limits
 
 
 def brute_force_accuracy(predicted: np.ndarray, gold: np.ndarray) -> float:

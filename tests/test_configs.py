@@ -9,11 +9,13 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
 from promptemb.common.cli import check_command_line, check_override_syntax, check_renamed_keys
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import check_evaluate_composition, check_train_composition, resolved
+from promptemb.common.validation import resolved
+from promptemb.evaluation.config_checks import check_evaluate_composition
 from promptemb.training import run_dirs  # noqa: F401  (registers the promptemb.run_dir resolver train.yaml uses)
-
+from promptemb.training.config_checks import check_train_composition
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
@@ -172,8 +174,9 @@ def test_check_command_line_accepts_a_valid_command(tmp_path):
 @pytest.mark.parametrize("scheduler, warmup_ratio", [("linear", 0.0), ("linear", 0.25), ("constant", 0.25)])
 def test_optimizer_and_scheduler_configs_are_the_plain_adamw_and_warmup_schedules(scheduler, warmup_ratio):
     """The instantiated partials give exactly what AdamW(lr, weight_decay) and transformers' warm-up schedules give."""
-    from promptemb.training.runner import build
     from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    from promptemb.common.instantiate import build
 
     cfg = compose_config("train", ["model=promptbert_sup", "optimizer.weight_decay=0.01", f"scheduler={scheduler}",
                                    f"scheduler.warmup_ratio={warmup_ratio}"])

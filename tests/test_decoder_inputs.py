@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.inputs import SENTENCE, SLOT, TEMPLATE
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
 from promptemb.poolers import build_pooler
 from promptemb.poolers.decoder import ECHO_DOCUMENT, PROMPTEOL
-
 from tests.decoder_helpers import SENTENCES, load_causal_lm, save_tiny_decoder
 from tests.decoder_references import echo_reference, last_token_reference
 from tests.test_evaluate_cli import assert_one_line_error, evaluate

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from promptemb.encoder.model import Encoder
 from promptemb.poolers import build_pooler
 from promptemb.poolers.decoder import (
@@ -17,7 +18,6 @@ from promptemb.poolers.decoder import (
     PROMPTEOL,
     TOKEN_PREPENDING_PROMPTEOL,
 )
-
 from tests.decoder_helpers import SENTENCES, load_causal_lm, save_tiny_decoder
 from tests.decoder_references import (
     contrastive_prompting_reference,

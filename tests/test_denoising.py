@@ -2,10 +2,11 @@
 
 import pytest
 import torch
+from transformers import AutoModel, AutoTokenizer, RobertaConfig, RobertaModel
+
 from promptemb.encoder.forward import position_base, template_bias, template_only_batch
 from promptemb.encoder.inputs import InputBuilder, InputForm, collate
 from promptemb.encoder.template import Template
-from transformers import AutoModel, AutoTokenizer, RobertaConfig, RobertaModel
 
 PROMPTS = ['This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] [MASK] .']
 

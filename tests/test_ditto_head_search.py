@@ -5,11 +5,11 @@ import subprocess
 import sys
 
 import pytest
+
 from promptemb.data.tasks import get_tasks, load_registry
 from promptemb.encoder.model import Encoder
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_pooler
-
 from tests.conftest import REPO
 
 

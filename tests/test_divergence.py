@@ -9,11 +9,11 @@ import math
 
 import pytest
 import torch
+
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.common.errors import DivergenceError
 from promptemb.common.io import atomic_write_json
 from promptemb.training.runner import train
-
 from tests.test_resume import overrides, train_py
 from tests.test_train import compose_train, tiny_overrides
 

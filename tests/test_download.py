@@ -7,6 +7,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from promptemb.common.errors import DataError
 from promptemb.data.checksums import count_lines
 from promptemb.data.datamodules import TextLinesDataModule

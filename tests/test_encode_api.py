@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from promptemb.inference import PromptEncoder, load_encoder
 from promptemb.lightning_modules.optiprompt import OptiPrompt
-
 from tests.test_export import SENTENCES, TOL, export_encoder, sentence_transformer
 
 

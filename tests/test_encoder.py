@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModel, BertForMaskedLM
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.model import Encoder, resolve_model_path
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler
-from transformers import AutoModel, BertForMaskedLM
-
 from tests.helpers import MINILM
 
 

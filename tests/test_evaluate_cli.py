@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 import yaml
+
 from promptemb.encoder.model import Encoder
 from promptemb.poolers import build_pooler
-
 from tests.conftest import REPO
 from tests.helpers import sha256
 

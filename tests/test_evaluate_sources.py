@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+
 from promptemb.common.errors import ConfigError
 from promptemb.evaluation.runner import run
 from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.training.runner import train
-
 from tests.conftest import REPO
 from tests.test_evaluate_cli import assert_one_line_error, evaluate
 
@@ -106,6 +106,7 @@ def test_run_folder_without_checkpoints_is_refused(tmp_path):
 
 def test_encode_mode_on_an_export_uses_its_pooler(optiprompt_run, real_data_root, tmp_path):
     import numpy as np
+
     from promptemb.inference import load_encoder
 
     lines = ["a man plays a guitar .", "two dogs run in a field", "short"]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.tasks import get_tasks
 from promptemb.encoder.template import Template
@@ -31,7 +32,6 @@ from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.lightning_modules.optiprompt import OptiPrompt
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from promptemb.training.runner import train
-
 from tests.conftest import REPO
 
 TOL = 1e-5
@@ -333,9 +333,9 @@ def test_api_errors(tmp_path):
 def test_mteb_wrapper_on_mteb_mock_sts_task(tiny_bert):
     mteb = pytest.importorskip("mteb")
     from mteb.mocks.mock_tasks.sts import MockSTSTask
+
     from promptemb.evaluation.sts import cosine_rows, spearman_x100
     from promptemb.inference.mteb_wrapper import MTEBEncoder
-
     from tests.helpers import STS_A, STS_B
 
     rows = [row for row in STS_A + STS_B if row[2]]

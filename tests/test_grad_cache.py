@@ -10,13 +10,13 @@ import sys
 import pytest
 import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader
+
 from promptemb.lightning_modules.base import NonFiniteLossError
 from promptemb.lightning_modules.grad_cache import RngState, TemplateBiasCache, split_batch
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.optiprompt import OptiPrompt
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
-from torch.utils.data import DataLoader
-
 from tests.conftest import REPO
 from tests.helpers import save_tiny_bert
 from tests.test_ddp import free_port

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+
 from promptemb.lightning_modules.losses import info_nce
 
 

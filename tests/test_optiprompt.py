@@ -1,6 +1,7 @@
 """OptiPrompt: only the soft template trains; it is placed by offset even when the sentence repeats template words."""
 
 import torch
+
 from promptemb.encoder.inputs import SENTENCE, TEMPLATE, collate
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.optiprompt import OptiPrompt

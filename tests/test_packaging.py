@@ -21,9 +21,9 @@ import pytest
 from tests.conftest import REPO
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
-SOURCE_PARTS = ("pyproject.toml", "README.md", "LICENSE", "configs", "common", "data", "encoder", "poolers",
-                "evaluation", "lightning_modules", "callbacks", "training", "inference", "exporting", "postprocessing",
-                "research")
+SOURCE_PARTS = ("pyproject.toml", "README.md", "LICENSE", "promptemb", "configs", "common", "data", "encoder",
+                "poolers", "evaluation", "lightning_modules", "callbacks", "training", "inference", "exporting",
+                "postprocessing", "research")
 
 
 def run(command: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -61,6 +61,13 @@ def installed(tmp_path_factory) -> Path:
     return venv / "bin"
 
 
+def shadowing_packages(folder: Path) -> None:
+    """A user's own `data/` and `common/` packages in the working directory: importing either fails loudly."""
+    for name in ("data", "common", "training"):
+        (folder / name).mkdir()
+        (folder / name / "__init__.py").write_text(f"raise ImportError('a user package {name} was imported')\n")
+
+
 def clean_env(data_root: Path) -> dict:
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PROMPTEMB_DATA")}
     return {**env, "PROMPTEMB_DATA": str(data_root), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
@@ -69,8 +76,8 @@ def clean_env(data_root: Path) -> dict:
 @pytest.mark.slow
 def test_installed_package_is_self_contained(installed, tmp_path):
     probe = run([str(installed / "python"), "-c",
-                 "import importlib.metadata as m, common, configs; print(common.__file__); print(configs.CONFIG_DIR); "
-                 "print(m.version('promptemb'))"], cwd=tmp_path)
+                 "import importlib.metadata as m, promptemb.common as common, promptemb.configs as configs; "
+                 "print(common.__file__); print(configs.CONFIG_DIR); print(m.version('promptemb'))"], cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     module_file, config_dir, version = probe.stdout.split()
     site = str(installed.parent / "lib")
@@ -82,8 +89,19 @@ def test_installed_package_is_self_contained(installed, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_wheel_installs_one_top_level_package(installed):
+    site = installed.parent / "lib"
+    purelib, = site.glob("python*/site-packages")
+    record, = purelib.glob("promptemb-*.dist-info/RECORD")
+    top_level = {line.split("/", 1)[0] for line in record.read_text().splitlines() if line}
+    top_level = {name for name in top_level if not name.endswith(".dist-info") and not name.startswith("..")}
+    assert top_level == {"promptemb"}
+
+
+@pytest.mark.slow
 def test_console_scripts_score_and_train_from_any_directory(installed, tiny_bert, real_data_root, tmp_path):
     env = clean_env(real_data_root)
+    shadowing_packages(tmp_path)  # run from a directory holding its own data/ and common/ packages
     scored = run([str(installed / "promptemb-evaluate"), f"backbone.name_or_path={tiny_bert}", "tasks=[STSBenchmark]",
                   "poolers=[mean]", "output_dir=scores", "progress=false", "backbone.device=cpu"],
                  cwd=tmp_path, env=env)

@@ -1,6 +1,7 @@
 """Result charts: bars for a few rows, an annotated heatmap for many; both readable sizes, written atomically."""
 
 import matplotlib.image
+
 from promptemb.evaluation.plots import MAX_BAR_ROWS, plot_curve, plot_scores
 
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]

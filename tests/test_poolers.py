@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.outputs import normalize_layer
 from promptemb.encoder.template import Template
 from promptemb.poolers import build_pooler, build_poolers
-
 from tests.helpers import reference_runner
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'

@@ -5,14 +5,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from transformers import BertForMaskedLM
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
 from promptemb.poolers import build_pooler
 from promptemb.poolers.remove_biases import BERT_UNCASED_TOP36
 from promptemb.poolers.sbert_wk import layer_weights, r_factors, sbert_wk_embed, window_layers
-from transformers import BertForMaskedLM
-
 from tests.helpers import reference_runner
 from tests.oracles import sbert_wk_sentence_loop, sbert_wk_token_loop
 

@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
+from sklearn.preprocessing import QuantileTransformer
+
 from promptemb.common.errors import ConfigError
 from promptemb.postprocessing import POST_NAMES, build_post, build_posts
-from sklearn.preprocessing import QuantileTransformer
 
 
 @pytest.fixture()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from promptemb.data.datamodules import TextLinesDataModule, TripletDataModule
 from promptemb.data.pretokenized import (
     PretokenizedExamples,
@@ -20,7 +21,6 @@ from promptemb.data.sampling import DataPosition, EpochSampler
 from promptemb.encoder.inputs import InputBuilder, InputForm, collate
 from promptemb.encoder.template import Template
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
-
 from tests.test_grad_cache import TRIPLETS
 
 SENTENCES = ["A man plays a guitar", "short", "two dogs run in a field while a plane lands at night and the "

@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 import pytest
+from scipy.stats import spearmanr
+
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.checksums import verify_file
 from promptemb.data.readers import read_sick, read_sts_subset, read_stsb
@@ -14,8 +16,6 @@ from promptemb.encoder.model import Encoder
 from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.sts import SentenceIndex, evaluate_sts, spearman_x100
 from promptemb.poolers import build_poolers
-from scipy.stats import spearmanr
-
 from tests.helpers import STS_A, STS_B
 
 
@@ -196,7 +196,7 @@ def test_unknown_task_lists_valid_ones():
 
 
 def test_real_registry_counts_and_checksums(real_data_root):
-    """Every registered task on the real data: sha256 verified, scored-pair counts as DESIGN.md §3 states."""
+    """Every registered task on the real data: sha256 verified, the scored-pair counts of SentEval's "all" setting."""
     registry = load_registry()
     expected = {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186, "STSBenchmark": 1379,
                 "STSBenchmark-dev": 1500, "STSBenchmark-train": 5749, "SICKRelatedness": 4927}

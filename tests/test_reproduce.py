@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.research import expected_scores
-
 from tests.conftest import REPO
 
 RESULTS = {"provenance": {"model": {"best_dev": 82.0}},

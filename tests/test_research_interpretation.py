@@ -7,12 +7,12 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from promptemb.encoder.model import Encoder
-from promptemb.encoder.template import Template
-from promptemb.research import mask_predictions, token_bias
 from scipy.stats import spearmanr
 from transformers import BertForMaskedLM
 
+from promptemb.encoder.model import Encoder
+from promptemb.encoder.template import Template
+from promptemb.research import mask_predictions, token_bias
 from tests.helpers import MINILM
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'

@@ -3,11 +3,12 @@
 import json
 
 import pytest
+
 from promptemb.common.errors import ConfigError
+from promptemb.data.fit_corpora import Corpora
 from promptemb.data.tasks import get_tasks, load_registry
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
-from promptemb.evaluation.corpora import Corpora
 from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_pooler

@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 import pytest
+
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.research import seed_report
-
 from tests.conftest import REPO
 
 TASKS = ("STS12", "STSBenchmark")

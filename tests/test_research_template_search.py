@@ -8,6 +8,7 @@ import shutil
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
+
 from promptemb.data.tasks import get_tasks, load_registry
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
@@ -16,7 +17,6 @@ from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_pooler
 from promptemb.research import template_search
 from promptemb.research.template_search import SearchSpace, greedy_search
-
 from tests.conftest import REPO
 
 CANDIDATES = {"slots": {"prefix": ['This sentence : "', 'The text "'], "sentence": ["[X]"],

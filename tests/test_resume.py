@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from promptemb.data.sampling import DataPosition, EpochSampler
 
+from promptemb.data.sampling import DataPosition, EpochSampler
 from tests.conftest import REPO
 from tests.test_train import WIKI_SAMPLE
 

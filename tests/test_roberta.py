@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, RobertaForMaskedLM
+
 from promptemb.encoder.forward import position_base
 from promptemb.encoder.model import Encoder
 from promptemb.exporting.runner import export_checkpoint
@@ -15,9 +18,6 @@ from promptemb.inference import load_encoder
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.poolers.remove_biases import RemoveBiasesPooler
 from promptemb.training.runner import build_module
-from torch.utils.data import DataLoader
-from transformers import AutoTokenizer, RobertaForMaskedLM
-
 from tests.test_denoising import direct_bias
 from tests.test_export import SENTENCES, TOL, framework_embeddings, sentence_transformer
 from tests.test_grad_cache import TRIPLETS

@@ -4,13 +4,13 @@ import subprocess
 import sys
 
 import pytest
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+
 from promptemb.data.tasks import get_tasks
 from promptemb.encoder.model import Encoder, resolve_model_path
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_poolers
-from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
-
 from tests.conftest import REPO
 from tests.helpers import MINILM
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from promptemb.common.errors import ConfigError
 from promptemb.training.sweeps import (
     _wandb_sweep_utils,
@@ -20,7 +21,6 @@ from promptemb.training.sweeps import (
     sample_parameter,
     validate_sweep,
 )
-
 from tests.conftest import REPO
 from tests.test_train import WIKI_SAMPLE
 from tests.wandb_offline import read_run

@@ -1,12 +1,12 @@
 """Token-level templating: layout, roles, truncation of the sentence only, multi-[MASK], sentence rules, errors."""
 
 import pytest
+from transformers import AutoTokenizer
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.inputs import PAD, SENTENCE, SPECIAL, TEMPLATE, InputBuilder, InputForm, collate
 from promptemb.encoder.model import resolve_model_path
 from promptemb.encoder.template import Template, apply_sentence_rule
-from transformers import AutoTokenizer
-
 from tests.helpers import MINILM
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'

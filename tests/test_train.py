@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+
 from promptemb.common.errors import ConfigError, DataError
-from promptemb.data.corpora import read_nli_csv, read_text_lines, sick_triplets
 from promptemb.data.datamodules import TextLinesDataModule
+from promptemb.data.training_corpora import read_nli_csv, read_text_lines, sick_triplets
 from promptemb.lightning_modules.base import NonFiniteLossError
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
-from promptemb.training.runner import best_dev_score, check_experiment_overrides, experiment_names, train
-
+from promptemb.training.command_line import check_experiment_overrides, experiment_names
+from promptemb.training.runner import best_dev_score, train
 from tests.conftest import REPO
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
@@ -422,7 +423,6 @@ def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(ti
 
     import promptemb.callbacks.sts_evaluation as sts_evaluation
     from promptemb.evaluation.wandb_tables import sts_table_rows
-
     from tests.test_transfer import write_mini_labeled
 
     root, registry = mini_data

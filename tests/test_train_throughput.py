@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 
 from bench.train_throughput import Clock, FlopCounter, main
+from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 
 SENTENCES = ["a man plays a guitar .", "short", "two dogs run in a field", "short"]
 

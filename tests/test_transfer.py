@@ -7,6 +7,8 @@ import copy
 import numpy as np
 import pytest
 import torch
+from sklearn.model_selection import StratifiedKFold
+
 from promptemb.common.errors import DataError
 from promptemb.evaluation.transfer import (
     ClassifierConfig,
@@ -21,7 +23,6 @@ from promptemb.evaluation.transfer import (
     probe_with_holdout,
     split,
 )
-from sklearn.model_selection import StratifiedKFold
 
 TINY = ClassifierConfig(kfold=3, batch_size=8, tenacity=2, epoch_size=2, max_epoch=8, l2_grid=(1e-4, 1e-1))
 
@@ -244,7 +245,6 @@ def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
 
     from promptemb.encoder.model import Encoder
     from promptemb.poolers import build_poolers
-
     from tests.test_evaluate_cli import evaluate
 
     root, registry = mini_data

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from promptemb.common.errors import ConfigError, DataError
-from promptemb.common.validation import check_evaluate_config, check_train_config, check_value, describe
 
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.common.validation import check_value, describe
+from promptemb.evaluation.config_checks import check_evaluate_config
+from promptemb.training.config_checks import check_train_config
 from tests.conftest import REPO
 from tests.test_train import WIKI_SAMPLE, compose_train
 

@@ -8,14 +8,15 @@ import sys
 
 import pytest
 import torch
+from pytorch_lightning.loggers import CSVLogger, WandbLogger
+
+from promptemb.callbacks.wandb_run import wandb_run_id
 from promptemb.common.errors import ConfigError
 from promptemb.evaluation.wandb_tables import log_sts_tables, sts_table_rows
 from promptemb.lightning_modules.checkpoint import read_checkpoint
 from promptemb.training.csv_logger import ResumableCSVLogger
-from promptemb.training.loggers import NO_CREDENTIALS, build_loggers, wandb_run_id
+from promptemb.training.loggers import NO_CREDENTIALS, build_loggers
 from promptemb.training.runner import train
-from pytorch_lightning.loggers import CSVLogger, WandbLogger
-
 from tests.conftest import REPO
 from tests.test_train import compose_train, tiny_overrides
 from tests.wandb_offline import read_run

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 
 import torch
-from promptemb.common.errors import DivergenceError
 from pytorch_lightning.callbacks import ModelCheckpoint
+
+from promptemb.common.errors import DivergenceError
 
 PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
 

@@ -16,16 +16,17 @@ import os
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.loggers import Logger, WandbLogger
+
+from promptemb.callbacks.wandb_run import wandb_run_id
 from promptemb.common.errors import ConfigError
 from promptemb.common.optional import require
-from pytorch_lightning.loggers import Logger, WandbLogger
 
 log = logging.getLogger(__name__)
 
 WANDB_TARGET = "pytorch_lightning.loggers.WandbLogger"
 RESUMABLE_CSV_TARGET = "promptemb.training.csv_logger.ResumableCSVLogger"
 WANDB_MODES = ("online", "offline", "disabled")
-CHECKPOINT_KEY = "wandb"  # checkpoint["wandb"] = {"run_id": ..., "project": ...}
 NO_CREDENTIALS = ("W&B online logging needs credentials: run `wandb login` or set WANDB_API_KEY, "
                   "or use logger.mode=offline / logger.mode=disabled / logger=csv")
 
@@ -70,9 +71,6 @@ def check_wandb_config(cfg_logger: DictConfig) -> None:
         raise ConfigError(NO_CREDENTIALS)
 
 
-def wandb_run_id(checkpoint: dict) -> str | None:
-    """The W&B run id saved in a checkpoint dict by WandbRunCallback (None when it has none)."""
-    return (checkpoint.get(CHECKPOINT_KEY) or {}).get("run_id")
 
 
 def build_loggers(cfg_logger: DictConfig | None, resume: dict | None = None) -> list[Logger]:

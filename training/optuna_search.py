@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
 from promptemb.common.errors import ConfigError
 from promptemb.common.io import atomic_write_json
 from promptemb.common.optional import require

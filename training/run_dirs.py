@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
 from promptemb.common.errors import ConfigError
 
 LAST = "last"

@@ -25,8 +25,10 @@ from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
+
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.configs import CONFIG_DIR
+from promptemb.training.command_line import compose_train, experiment_names, unknown_key_message
 
 HYDRA_ARG_MACROS = ("${args_no_hyphens}", "${args_append_hydra}", "${args_override_hydra}")
 DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "uniform", "q_uniform", "log_uniform_values",
@@ -69,8 +71,6 @@ def _spec_values(entry: dict) -> list | None:
 
 def validate_sweep(spec: dict, where: str = "sweep") -> None:
     """Raise one-line ConfigErrors for anything a W&B agent run would trip on, naming the bad parameter."""
-    from promptemb.training.runner import compose_train, experiment_names, unknown_key_message
-
     program = spec.get("program")
     if Path(str(program)).name != "train.py":
         raise ConfigError(f"{where}: program must be train.py (got {program!r})")

@@ -18,9 +18,13 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
 from promptemb.common.errors import PreemptedError, UserError
 from promptemb.common.io import atomic_write_json, atomic_write_text
-from promptemb.common.validation import remove_if_untouched
+from promptemb.common.overrides import parse_overrides
+from promptemb.common.run_folder import remove_if_untouched
+from promptemb.research.seed_report import seed_report as write_seed_report
+from promptemb.research.seed_report import summary_line
 from promptemb.training.run_dirs import in_multirun
 
 log = logging.getLogger(__name__)
@@ -128,8 +132,6 @@ class TrialSummary(Callback):
 
 def swept_keys(overrides: list[str]) -> list[str]:
     """The keys a multirun sweeps over (`seed=0,1,2` -> ["seed"])."""
-    from promptemb.training.runner import parse_overrides  # runner imports this module
-
     try:
         return sorted(o.get_key_element().lstrip("+~") for o in parse_overrides(overrides) if o.is_sweep_override())
     except Exception:  # a syntax error: Hydra has reported it already
@@ -139,9 +141,6 @@ def swept_keys(overrides: list[str]) -> list[str]:
 def seed_report(rows: list[dict], sweep_dir: Path) -> None:
     """A sweep over `seed` alone: mean ± std of every score over its completed trials, in the sweep folder (a
     failed seed is left out and the report says how many seeds it has)."""
-    from promptemb.research.seed_report import seed_report as write_seed_report
-    from promptemb.research.seed_report import summary_line
-
     runs = [row["run_dir"] for row in rows if row["status"] == COMPLETED and row.get("run_dir")]
     if not runs:
         return

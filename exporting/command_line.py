@@ -7,6 +7,7 @@ DIR is both a Hugging Face model directory (AutoModel; template, pooler, layers 
 
 import hydra
 from omegaconf import DictConfig
+
 from promptemb.common.errors import exit_on_user_error
 from promptemb.configs import CONFIG_DIR
 from promptemb.exporting.runner import export_checkpoint

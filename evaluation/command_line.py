@@ -10,10 +10,11 @@ import sys
 
 import hydra
 from omegaconf import DictConfig
+
 from promptemb.common.cli import check_command_line
 from promptemb.common.errors import exit_on_user_error
-from promptemb.common.validation import check_evaluate_config
 from promptemb.configs import CONFIG_DIR
+from promptemb.evaluation.config_checks import check_evaluate_config
 
 
 def check_then_run(cfg: DictConfig) -> None:

@@ -1,12 +1,15 @@
-"""Seed 001's poolers and transforms against plain loop re-computations: token weighting over the templated input,
-templated average without [MASK], the Random Embeddings baseline, the Avg. static model and BERT+Avg., quantile
-transform to a normal distribution, Pearson next to Spearman."""
+"""The poolers and transforms of Stankevičius & Lukoševičius (2024) against plain loop re-computations: token
+weighting over the templated input, templated average without [MASK], the Random Embeddings baseline, the Avg.
+static model and BERT+Avg., quantile transform to a normal distribution, Pearson next to Spearman."""
 
 import math
 
 import numpy as np
 import pytest
 import torch
+from scipy.stats import norm
+from sklearn.preprocessing import QuantileTransformer
+
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
@@ -14,9 +17,6 @@ from promptemb.evaluation.sts import pearson_x100
 from promptemb.poolers import build_pooler
 from promptemb.poolers.remove_biases import BERT_UNCASED_TOP36
 from promptemb.postprocessing import build_post
-from scipy.stats import norm
-from sklearn.preprocessing import QuantileTransformer
-
 from tests.helpers import reference_runner
 from tests.oracles import sbert_wk_sentence_loop
 

@@ -1,0 +1,83 @@
+"""evaluate.py's config, checked once before the scoring stack is imported: its own keys (`EvaluateSettings`), the
+backbone, a single template, the device, input/output files and the model files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from promptemb.common.errors import ConfigError
+from promptemb.common.run_folder import nothing_left_on_user_error
+from promptemb.common.validation import (
+    check_device,
+    check_readable_file,
+    check_settings,
+    check_template,
+    check_writable_dir,
+    resolved,
+)
+from promptemb.encoder.model import check_model_source
+from promptemb.encoder.settings import check_backbone
+
+
+@dataclass
+class EvaluateSettings:
+    """evaluate.py's top-level keys (`backbone` is checked against `Encoder`)."""
+
+    mode: str
+    data_root: str | None
+    task_name: str
+    output_dir: str
+    paths: dict
+    backbone: dict
+    template: dict
+    tasks: list[str]
+    task_registry: str | None
+    poolers: list[str]
+    pooler_args: dict
+    post: list[str]
+    post_args: dict
+    fit_corpus: str
+    analysis: bool
+    max_sentence_tokens: int | None
+    seed: int
+    progress: bool
+    pooler: str
+    input: str | None
+    output: str | None
+
+
+def check_evaluate_composition(container: dict) -> None:
+    """The same for evaluate.py: its settings, the backbone and a single template."""
+    check_template(container, None)
+    check_settings(container, EvaluateSettings)
+    check_backbone(container)
+
+
+def _check_evaluate(cfg: DictConfig) -> None:
+    container = resolved(cfg)
+    check_evaluate_composition(container)
+    backbone = container.get("backbone") or {}
+    check_device("backbone.device", str(backbone.get("device", "auto")))
+    if container.get("task_registry"):
+        check_readable_file("task_registry", container["task_registry"])
+    if container.get("mode") == "encode":
+        if container.get("input"):
+            check_readable_file("input", container["input"])
+        if container.get("output"):
+            output = Path(container["output"])
+            if output.is_dir():
+                raise ConfigError(f"output={str(output)!r} is a directory; pass a file name such as emb.npy")
+            check_writable_dir("output", output.parent)
+    else:
+        check_writable_dir("output_dir", container["output_dir"])
+    if isinstance(backbone.get("name_or_path"), str):
+        check_model_source(backbone["name_or_path"])
+
+
+def check_evaluate_config(cfg: DictConfig) -> None:
+    """Everything about an evaluate.py config that can be refuted before a model or a data file is loaded."""
+    with nothing_left_on_user_error():
+        _check_evaluate(cfg)

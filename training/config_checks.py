@@ -1,0 +1,93 @@
+"""train.py's config, checked once before any model or corpus is loaded: its own keys (`TrainSettings`), every
+`_target_` node against its constructor, the template against the recipe, the machine (accelerator, devices), the
+model files and the training data files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from promptemb.common.errors import ConfigError
+from promptemb.common.instantiate import build
+from promptemb.common.run_folder import nothing_left_on_user_error
+from promptemb.common.validation import (
+    check_accelerator,
+    check_settings,
+    check_targets,
+    check_template,
+    check_writable_dir,
+    resolved,
+)
+from promptemb.data.root import resolve_data_root
+from promptemb.data.training_corpora import check_nli_header
+from promptemb.encoder.model import check_model_source
+from promptemb.encoder.settings import check_backbone
+
+
+@dataclass
+class TrainSettings:
+    """train.py's own top-level keys (the rest are `_target_` nodes)."""
+
+    task_name: str
+    data_root: str | None
+    output_dir: str
+    seed: int
+    eval_every_n_steps: int
+    ckpt_path: str | None
+    resume: bool
+    export_dir: str | None
+    paths: dict
+    backbone: dict
+    template: dict
+    extras: dict | None = None
+    hparams_search: dict | None = None
+    expected_scores: dict | None = None
+
+
+def _check_train(cfg: DictConfig) -> None:
+    container = resolved(cfg)
+    check_train_composition(container)
+    trainer = container.get("trainer") or {}
+    check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
+    model = container.get("model") or {}
+    if isinstance(model.get("model_name_or_path"), str):
+        check_model_source(model["model_name_or_path"])
+    root = resolve_data_root(container.get("data_root"))
+    check_training_data(cfg, container.get("data") or {}, root)
+    check_writable_dir("output_dir", container["output_dir"])
+    if container.get("export_dir"):
+        check_writable_dir("export_dir", Path(container["export_dir"]).parent)
+
+
+def check_train_composition(container: dict) -> None:
+    """What a resolved train.py config must satisfy whatever the machine: types and ranges of every key, and a
+    template the recipe can train with."""
+    check_template(container, (container.get("model") or {}).get("_target_"))
+    check_settings(container, TrainSettings)
+    check_targets(container)
+    check_backbone(container)
+
+
+def check_training_data(cfg: DictConfig, data: dict, root: Path) -> None:
+    """Local corpus files exist (the datamodule's own path rule) and a supervised csv has its three columns; a
+    `download` source is fetched later, when the run starts."""
+    if not data.get("_target_") or data.get("download"):
+        return
+    datamodule = build(cfg.data)
+    files = data.get("files") or ([data["file"]] if data.get("file") else [])
+    for name in files:
+        path = datamodule.resolve(name)
+        key = "data.files" if "files" in data else "data.file"
+        if not path.is_file():
+            raise ConfigError(f"{key}: corpus file {path} does not exist (relative paths are relative to the data "
+                              f"root {root})")
+        if data.get("format") == "nli_csv":
+            check_nli_header(path)
+
+
+def check_train_config(cfg: DictConfig) -> None:
+    """Everything about a train.py config that can be refuted before a model or a corpus is loaded."""
+    with nothing_left_on_user_error():
+        _check_train(cfg)
