@@ -45,9 +45,9 @@ def test_evaluate_scores_decoder_methods_and_layers_in_one_table(mini_data, tmp_
 
 def test_layer_sweep_runs_decoder_methods_from_one_forward_per_form(mini_data, tmp_path):
     """research/layer_sweep on a decoder: PromptEOL and MetaEOL at every layer, each equal to scoring it alone."""
+    from promptemb.data.fit_corpora import Corpora
     from promptemb.data.tasks import get_tasks, load_registry
     from promptemb.encoder.model import Encoder
-    from promptemb.evaluation.corpora import Corpora
     from promptemb.evaluation.sts import evaluate_sts
     from promptemb.poolers import build_pooler
     from promptemb.research import layer_sweep
