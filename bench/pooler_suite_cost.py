@@ -28,7 +28,7 @@ from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import STS_SUITE, get_tasks
 from promptemb.encoder.model import Encoder, combine_needs
 from promptemb.encoder.template import Template
-from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import POOLER_NAMES, build_poolers
 

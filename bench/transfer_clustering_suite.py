@@ -26,8 +26,8 @@ from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
-from promptemb.evaluation.options import ScoringOptions
-from promptemb.evaluation.suite import evaluate_tasks
+from promptemb.evaluation.scoring_options import ScoringOptions
+from promptemb.evaluation.task_families import evaluate_tasks
 from promptemb.poolers import build_poolers
 
 

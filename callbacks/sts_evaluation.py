@@ -24,29 +24,20 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from omegaconf import OmegaConf
 
 from promptemb.common.errors import DivergenceError
 from promptemb.common.io import atomic_write_json
-from promptemb.data.fit_corpora import TARGET, Corpora
-from promptemb.data.root import resolve_data_root
-from promptemb.data.tasks import REGISTRY_FILE, STS_SUITE, get_tasks, load_registry
+from promptemb.data.fit_corpora import TARGET
+from promptemb.data.tasks import STS_SUITE
 from promptemb.encoder.model import Encoder, Shard, attention_implementation, combine_needs
-from promptemb.evaluation.analysis import analyse_task
-from promptemb.evaluation.clustering import ClusteringConfig
-from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.plots import plot_curve
-from promptemb.evaluation.report import attach_scoring_details, plot_name, scoring_provenance, write_report
-from promptemb.evaluation.runner import protocol_config
-from promptemb.evaluation.sts import check_scoring, evaluate_sts
-from promptemb.evaluation.suite import evaluate_tasks
-from promptemb.evaluation.transfer import ClassifierConfig
+from promptemb.evaluation.report import plot_name
+from promptemb.evaluation.scoring_options import ScoringOptions
+from promptemb.evaluation.session import ScoringSession, ScoringSettings
 from promptemb.evaluation.wandb_tables import log_sts_tables
 from promptemb.inference.model_sources import merge_poolers
 from promptemb.lightning_modules.checkpoint import load_memory_mapped
-from promptemb.poolers import build_poolers
 from promptemb.poolers.base import Pooler
-from promptemb.postprocessing import build_posts
 
 log = logging.getLogger(__name__)
 SELECTION_POOLER = "mask"  # the one ModelCheckpoint monitors (configs/callbacks/default.yaml)
@@ -81,7 +72,6 @@ class STSEvaluationCallback(pl.Callback):
         of the module's own [MASK] and avg); `shard_evaluation`: under DDP every rank encodes a share of the dev
         sentences (else rank 0 alone)."""
         self.output_dir = Path(output_dir)
-        self.data_root = data_root
         self.every_n_steps = every_n_steps
         self.dev_task = dev_task
         self.final_tasks = list(final_tasks)
@@ -90,31 +80,21 @@ class STSEvaluationCallback(pl.Callback):
         self.score_best_at_end = score_best_at_end
         self.provenance = dict(provenance or {})
         self.history: list[dict] = []
-        self.pooler_args = dict(pooler_args or {})
-        self.extra_poolers = list(poolers)
         self.dev_extra_poolers = list(dev_poolers)
-        self.fit_corpus = fit_corpus
-        self.analysis = analysis
-        self.task_registry = Path(task_registry) if task_registry else REGISTRY_FILE
-        self.transfer_config = protocol_config(ClassifierConfig, OmegaConf.create(dict(transfer_args or {})),
-                                               "transfer_args")
-        self.clustering_config = protocol_config(ClusteringConfig, OmegaConf.create(dict(clustering_args or {})),
-                                                 "clustering_args")
         self.shard_evaluation = shard_evaluation
-        # built now, so an unknown name or argument fails at instantiation; model-dependent checks: on_fit_start
-        self._build(sorted({*self.extra_poolers, *self.dev_extra_poolers}), check_args=True)
-        self.posts = build_posts(list(post), dict(post_args or {}))
-        Corpora.check_label(fit_corpus)
-
-    def _build(self, names: list[str], check_args: bool = False) -> list[Pooler]:
-        if not names:
-            return []
-        args = self.pooler_args if check_args else {k: v for k, v in self.pooler_args.items() if k in names}
-        return build_poolers(names, args)
+        # the same session evaluate.py scores with (configs/scoring/), built now, so an unknown name or argument
+        # fails at instantiation; model-dependent checks: on_fit_start
+        self.session = ScoringSession(
+            ScoringSettings(poolers=list(poolers), pooler_args=dict(pooler_args or {}), post=list(post),
+                            post_args=dict(post_args or {}), fit_corpus=fit_corpus, analysis=analysis,
+                            task_registry=task_registry, transfer_args=dict(transfer_args or {}),
+                            clustering_args=dict(clustering_args or {})),
+            data_root, other_poolers=self.dev_extra_poolers, poolers_required=False)
+        self.extra_poolers = list(poolers)
 
     def poolers_for(self, module, extra: list[str]) -> list[Pooler]:
         """The module's evaluation poolers, then each extra one whose name they do not already use."""
-        return merge_poolers(module.eval_poolers(), self._build(extra))
+        return merge_poolers(module.eval_poolers(), self.session.build_poolers(extra))
 
     @contextmanager
     def _scoring(self, module, extra_poolers: list[str], shard: Shard | None = None,
@@ -134,26 +114,17 @@ class STSEvaluationCallback(pl.Callback):
         finally:
             module.train(was_training)
 
-    def _corpora(self) -> Corpora:
-        return Corpora(resolve_data_root(self.data_root), load_registry(self.task_registry))
-
     def score(self, module, tasks: list[str], extra_poolers: list[str] | None = None, final: bool = False,
-              shard: Shard | None = None) -> tuple[dict, Encoder, list[Pooler]]:
-        """(evaluate_sts result, the encoder and the poolers that produced it). `final` adds the post-processors and
-        analysis metrics; with a `shard`, every process of the group must call this alike."""
+              shard: Shard | None = None) -> tuple[dict, Encoder, list[Pooler], ScoringOptions]:
+        """(the scores, the encoder and poolers that produced them, the options they were scored with). `final` adds
+        the post-processors, analysis metrics and any task family; with a `shard`, every process of the group must
+        call this alike."""
         extra = self.dev_extra_poolers if extra_poolers is None else extra_poolers
         with self._scoring(module, extra, shard) as (encoder, poolers):
-            corpora = self._corpora()
-            # the final scoring may name any task family or group (`final_tasks: [sts, transfer, clustering]`)
-            scorer, protocols = evaluate_sts, {}
-            if final:
-                scorer = evaluate_tasks
-                protocols = {"transfer_config": self.transfer_config, "clustering_config": self.clustering_config}
-            options = ScoringOptions(module.eval_template, module.hparams.sentence_rule,
-                                     posts=self.posts if final else (), fit_corpus=self.fit_corpus, corpora=corpora)
-            result = scorer(encoder, get_tasks(tasks, corpora.registry), corpora.root, poolers, options,
-                            analyse=analyse_task if final and self.analysis else None, **protocols)
-        return result, encoder, poolers
+            options = self.session.options(module.eval_template, module.hparams.sentence_rule,
+                                           post_processors=final)
+            result = self.session.score(encoder, tasks, poolers, options, full=final)
+        return result, encoder, poolers, options
 
     def on_fit_start(self, trainer, module) -> None:
         """Checks the dev and fit-end poolers against the model (Ditto head in range, attentions, MLM head,
@@ -161,11 +132,10 @@ class STSEvaluationCallback(pl.Callback):
         training, not after it. Every rank checks, so no rank is left waiting in a collective."""
         requests = [(self.dev_extra_poolers, False)]
         if self.score_best_at_end:
-            requests.append((self.extra_poolers, bool(self.posts)))
-        corpora = self._corpora()
-        for extra, has_posts in requests:
+            requests.append((self.extra_poolers, True))
+        for extra, post_processors in requests:
             with self._scoring(module, extra) as (encoder, poolers):
-                check_scoring(encoder, poolers, module.eval_template, has_posts, self.fit_corpus, corpora)
+                self.session.check(encoder, poolers, module.eval_template, post_processors)
 
     def _dev_scores(self, trainer, module) -> dict[str, float]:
         started = time.perf_counter()
@@ -273,18 +243,14 @@ class STSEvaluationCallback(pl.Callback):
     def _score_final(self, trainer, module, checkpoint: str) -> None:
         """The 7-task table of the weights `module` holds now (those of `checkpoint`, when one was selected)."""
         started = time.perf_counter()
-        result, encoder, poolers = self.score(module, self.final_tasks, self.extra_poolers, final=True)
-        provenance = attach_scoring_details(
-            scoring_provenance(encoder, module.eval_template, module.hparams.sentence_rule, None, poolers), result,
-            self.fit_corpus)
+        result, encoder, poolers, options = self.score(module, self.final_tasks, self.extra_poolers, final=True)
+        provenance = self.session.provenance(encoder, options, poolers, result)
         best_score = trainer.checkpoint_callback.best_model_score if checkpoint else None
         provenance["model"].update(checkpoint=checkpoint or "final weights (no checkpoint selected)",
                                    selected_on=self._metric(SELECTION_POOLER),
                                    best_dev=float(best_score) if best_score is not None else None)
         provenance.update(wall_time_s=round(time.perf_counter() - started, 2), **self.provenance)
-        write_report(self.output_dir, {"scores": result["scores"], "details": result["details"],
-                                       "analysis": result["analysis"], "families": result["families"],
-                                       "provenance": provenance})
+        self.session.report(self.output_dir, self.session.record(result, provenance))
         log.info("final scores written to %s", self.output_dir / "results.md")
         for family, family_result in result["families"].items():  # final/sts, final/transfer, final/clustering
             log_sts_tables(trainer.loggers, family_result, key=f"final/{family}", step=trainer.global_step,

@@ -13,7 +13,7 @@ import yaml
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.checksums import verify_file
-from promptemb.data.labeled import (
+from promptemb.data.labeled_readers import (
     LabeledSplit,
     read_binary,
     read_clustering,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from promptemb.evaluation.variants import task_rows
+from promptemb.evaluation.pooler_variants import task_rows
 
 #: Pairs whose gold similarity is at least this (0-5 STS scale; SICK 1-5) count as positives for alignment.
 POSITIVE_GOLD = 4.0

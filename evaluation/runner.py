@@ -17,26 +17,19 @@ from promptemb.common.seed import seed_everything
 from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.readers import read_sentences
 from promptemb.data.root import resolve_data_root
-from promptemb.data.tasks import REGISTRY_FILE, get_tasks, load_registry
+from promptemb.data.tasks import REGISTRY_FILE, load_registry
 from promptemb.encoder.model import Encoder, combine_needs
 from promptemb.encoder.template import SENTENCE_RULES, Template
-from promptemb.evaluation.analysis import analyse_task
-from promptemb.evaluation.clustering import ClusteringConfig
 from promptemb.evaluation.config_checks import check_evaluate_config
-from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.report import (
-    attach_scoring_details,
     markdown_table,
     scoring_provenance,
     software_versions,
-    write_report,
 )
-from promptemb.evaluation.suite import evaluate_tasks
-from promptemb.evaluation.transfer import ClassifierConfig
+from promptemb.evaluation.session import ScoringSession, ScoringSettings
 from promptemb.inference.model_sources import check_input_form, merge_poolers, open_trained_model
-from promptemb.poolers import build_pooler, build_poolers
+from promptemb.poolers import build_pooler
 from promptemb.poolers.fitted import CorpusFittedPooler
-from promptemb.postprocessing import build_posts
 
 log = logging.getLogger(__name__)
 MODES = ("score", "encode")
@@ -109,45 +102,33 @@ def provenance(cfg: DictConfig, scoring: Scoring, seed: int, versions: dict | No
     return {**prov, "seed": seed, "config": OmegaConf.to_container(cfg, resolve=True)}
 
 
-def protocol_config(kind, overrides, key: str):
-    """`ClassifierConfig` / `ClusteringConfig` with the config's overrides (an unknown field is a config error)."""
-    values = OmegaConf.to_container(overrides) if overrides else {}
-    valid = list(kind.__dataclass_fields__)
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise ConfigError(f"unknown {key} field(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
-    return kind(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
+def scoring_settings(cfg: DictConfig) -> ScoringSettings:
+    """evaluate.py's `scoring` keys (configs/scoring/, at the top level of eval.yaml)."""
+    names = ScoringSettings.__dataclass_fields__
+    return ScoringSettings(**{name: OmegaConf.to_container(cfg[name]) if OmegaConf.is_config(cfg[name]) else cfg[name]
+                              for name in names})
 
 
 def score(cfg: DictConfig) -> dict:
     """Score every configured pooler on every configured task (STS, transfer, clustering, mixed); write
     results.json, results.md and one PNG per task family."""
     seed_everything(int(cfg.seed))
-    transfer_config = protocol_config(ClassifierConfig, cfg.get("transfer_args"), "transfer_args")
-    clustering_config = protocol_config(ClusteringConfig, cfg.get("clustering_args"), "clustering_args")
-    poolers = build_poolers(list(cfg.poolers), OmegaConf.to_container(cfg.pooler_args))
-    posts = build_posts(list(cfg.post), OmegaConf.to_container(cfg.post_args))
-    registry = load_registry(Path(cfg.task_registry or REGISTRY_FILE))
-    tasks = get_tasks(list(cfg.tasks), registry)
-    root = resolve_data_root(cfg.data_root)
-    corpora = Corpora(root, registry)
-    corpora.check_label(str(cfg.fit_corpus))
+    session = ScoringSession(scoring_settings(cfg), cfg.data_root)
+    session.tasks(list(cfg.tasks))  # an unknown task fails before the model loads
     started, versions = time.perf_counter(), software_versions()
-    scoring = open_scoring(cfg, poolers)
+    scoring = open_scoring(cfg, session.poolers)
     encoder = scoring.encoder
-    options = ScoringOptions(scoring.template, scoring.sentence_rule, scoring.max_sentence_tokens, posts,
-                             str(cfg.fit_corpus), corpora)
-    result = evaluate_tasks(encoder, tasks, root, scoring.poolers, options,
-                            analyse=analyse_task if cfg.analysis else None, transfer_config=transfer_config,
-                            clustering_config=clustering_config)
-    prov = attach_scoring_details(provenance(cfg, scoring, int(cfg.seed), versions), result,
-                                  str(cfg.fit_corpus))
-    prov["data_root"] = str(root)
+    options = session.options(scoring.template, scoring.sentence_rule, scoring.max_sentence_tokens)
+    result = session.score(encoder, list(cfg.tasks), scoring.poolers, options)
+    prov = session.provenance(encoder, options, scoring.poolers, result, versions)
+    if scoring.source is not None:
+        prov["model"]["source"] = scoring.source
+    prov.update(seed=int(cfg.seed), config=OmegaConf.to_container(cfg, resolve=True))
+    prov["data_root"] = str(session.corpora().root)
     prov["forward_sequences"] = encoder.stats.forward_sequences
     prov["wall_time_s"] = round(time.perf_counter() - started, 2)
-    results = {"scores": result["scores"], "pearson": result["pearson"], "details": result["details"],
-               "analysis": result["analysis"], "families": result["families"], "provenance": prov}
-    json_path, md_path = write_report(Path(cfg.output_dir), results)
+    results = session.record(result, prov)
+    json_path, md_path = session.report(Path(cfg.output_dir), results)
     for family, family_result in results["families"].items():
         print(f"{family}:\n{markdown_table(family_result['scores'])}", end="")
     print(f"wall time {prov['wall_time_s']:.1f} s; wrote {json_path} and {md_path}")

@@ -21,8 +21,8 @@ from promptemb.data.tasks import TaskSpec
 from promptemb.encoder.model import Encoder, Truncation
 from promptemb.encoder.template import Template
 from promptemb.evaluation.fitting import load_fit_corpora, plan_poolers
-from promptemb.evaluation.options import DEFAULT_OPTIONS, ScoringOptions
-from promptemb.evaluation.variants import PooledEmbeddings, score_variants, task_rows
+from promptemb.evaluation.pooler_variants import PooledEmbeddings, score_variants, task_rows
+from promptemb.evaluation.scoring_options import DEFAULT_OPTIONS, ScoringOptions
 from promptemb.poolers.base import Pooler
 
 log = logging.getLogger(__name__)

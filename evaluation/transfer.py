@@ -10,7 +10,7 @@ once `tenacity` non-improving ones have been seen (the count is never reset), or
 To reproduce SentEval's numbers and not just its method, every classifier replays SentEval's random streams: its
 initial weights are `nn.Linear(d, C)` right after `torch.manual_seed(seed)`, and its permutations (the 5%
 early-stopping hold-out, then one per pass) come from a fresh `numpy.random.RandomState(seed)`, as SentEval re-seeds
-the global generators for every classifier it builds. Examples come in SentEval's order (see data/labeled.py), so
+the global generators for every classifier it builds. Examples come in SentEval's order (data/labeled_readers.py), so
 `StratifiedKFold(shuffle=True, random_state=seed)` draws SentEval's folds.
 
 What differs is speed: all the classifiers of a task (folds x L2 values) train at once as one batched linear model

@@ -14,7 +14,7 @@ from promptemb.common.io import umask_mode
 from promptemb.common.optional import require
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
-from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.model_card import model_card

@@ -28,7 +28,7 @@ from promptemb.encoder.template import Template
 from promptemb.evaluation.plots import plot_scores
 from promptemb.poolers import build_pooler
 from promptemb.poolers.registry import pooler_class
-from promptemb.research.outputs import announce, markdown, provenance, write_outputs
+from promptemb.research.driver_outputs import announce, markdown, provenance, write_outputs
 from promptemb.research.plots import plot_layer_curve, plot_pair_heatmap
 from promptemb.research.task_groups import add_task_arguments, build_task_group
 

@@ -22,7 +22,7 @@ from promptemb.encoder.outputs import EncoderOutput
 from promptemb.encoder.template import SENTENCE_RULES, Template
 from promptemb.evaluation.report import software_versions, utc_timestamp
 from promptemb.poolers.base import Needs, Pooler, masked_mean
-from promptemb.research.outputs import markdown, write_outputs
+from promptemb.research.driver_outputs import markdown, write_outputs
 
 DEFAULT_TEMPLATE = 'This sentence : "[X]" means [MASK] .'
 

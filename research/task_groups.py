@@ -2,8 +2,8 @@
 transfer or clustering.
 
 A task group turns (encoder, poolers, input form, post-processors) into `{"scores": {label: {task: x100, "avg"}},
-"pearson" (STS only), "poolers", ...}` — what `evaluation.suite.evaluate_tasks` returns for one family, the scorer
-`evaluate.py` uses — with one forward pass per (unique sentence, input form).
+"pearson" (STS only), "poolers", ...}` — what `evaluation.task_families.evaluate_tasks` returns for one family, the
+scorer `evaluate.py` uses — with one forward pass per (unique sentence, input form).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from promptemb.data.tasks import FAMILIES, REGISTRY_FILE, TaskSpec, get_tasks, l
 from promptemb.data.tasks import TASK_GROUPS as SUITES
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import SENTENCE_RULES, Template
-from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.report import FAMILY_REPORT
-from promptemb.evaluation.suite import evaluate_tasks
+from promptemb.evaluation.scoring_options import ScoringOptions
+from promptemb.evaluation.task_families import evaluate_tasks
 from promptemb.poolers.base import Pooler
 from promptemb.postprocessing.base import PostProcessor
 

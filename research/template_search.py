@@ -27,7 +27,7 @@ from promptemb.configs import CONFIG_DIR
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
 from promptemb.poolers import build_pooler
-from promptemb.research.outputs import announce, markdown, provenance, write_outputs
+from promptemb.research.driver_outputs import announce, markdown, provenance, write_outputs
 from promptemb.research.plots import plot_ranked_bars
 from promptemb.research.task_groups import add_task_arguments, build_task_group
 

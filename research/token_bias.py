@@ -25,7 +25,7 @@ from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, load_registry
 from promptemb.encoder.model import Encoder
 from promptemb.evaluation.report import software_versions, utc_timestamp
-from promptemb.research.outputs import markdown, write_outputs
+from promptemb.research.driver_outputs import markdown, write_outputs
 from promptemb.research.plots import _pyplot, _save
 
 

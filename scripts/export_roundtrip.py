@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from promptemb.common.io import atomic_write_json, atomic_write_text
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
-from promptemb.evaluation.options import ScoringOptions
 from promptemb.evaluation.report import software_versions
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
 from promptemb.exporting.runner import export_checkpoint
 from promptemb.inference import load_encoder

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from promptemb.data.tasks import get_tasks
 from promptemb.encoder.model import Encoder, Shard
 from promptemb.encoder.template import Template
-from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_poolers
 

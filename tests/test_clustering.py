@@ -12,7 +12,7 @@ from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
 from promptemb.common.errors import ConfigError, DataError
-from promptemb.data.labeled import read_clustering
+from promptemb.data.labeled_readers import read_clustering
 from promptemb.data.tasks import TASK_GROUPS, TaskSpec, get_tasks, load_registry
 from promptemb.evaluation.clustering import (
     ClusteringConfig,

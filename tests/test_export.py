@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.tasks import get_tasks
 from promptemb.encoder.template import Template
-from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.runner import export_checkpoint

@@ -7,7 +7,7 @@ from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.fit_corpora import Corpora
 from promptemb.data.tasks import get_tasks, load_registry
 from promptemb.encoder.model import Encoder
-from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
 from promptemb.poolers import build_poolers
 from promptemb.postprocessing import build_post, build_posts

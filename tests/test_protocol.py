@@ -13,7 +13,7 @@ from promptemb.data.readers import read_sick, read_sts_subset, read_stsb
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import STS_SUITE, get_tasks, load_registry
 from promptemb.encoder.model import Encoder
-from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import SentenceIndex, evaluate_sts, spearman_x100
 from promptemb.poolers import build_poolers
 from tests.helpers import STS_A, STS_B

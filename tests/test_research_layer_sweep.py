@@ -9,7 +9,7 @@ from promptemb.data.fit_corpora import Corpora
 from promptemb.data.tasks import get_tasks, load_registry
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
-from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_pooler
 from promptemb.research import layer_sweep

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from promptemb.data.tasks import get_tasks, load_registry
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
-from promptemb.evaluation.options import ScoringOptions
+from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_pooler
 from promptemb.research import template_search

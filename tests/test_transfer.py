@@ -190,7 +190,7 @@ def test_bad_input():
 def test_binary_reader_keeps_blank_lines_in_senteval_order(tmp_path):
     """A blank line is an example with the empty sentence, as SentEval's loader reads it (`line.split()` per line of
     `splitlines()`), then everything in SentEval's stable (token count, label) order."""
-    from promptemb.data.labeled import read_binary
+    from promptemb.data.labeled_readers import read_binary
 
     pos, neg = tmp_path / "x.pos", tmp_path / "x.neg"
     pos.write_bytes(b"good  film\n\nfine\n \ngreat movie !\n")

@@ -14,8 +14,8 @@ from pathlib import Path
 from promptemb.data.tasks import FAMILIES, TaskSpec
 from promptemb.encoder.model import Encoder
 from promptemb.evaluation.clustering import ClusteringConfig
-from promptemb.evaluation.labeled import evaluate_labeled
-from promptemb.evaluation.options import DEFAULT_OPTIONS, ScoringOptions
+from promptemb.evaluation.labeled_scoring import evaluate_labeled
+from promptemb.evaluation.scoring_options import DEFAULT_OPTIONS, ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.evaluation.transfer import ClassifierConfig
 from promptemb.poolers.base import Pooler

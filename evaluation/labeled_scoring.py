@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from promptemb.data.labeled import LabeledSplit
+from promptemb.data.labeled_readers import LabeledSplit
 from promptemb.data.tasks import TaskSpec
 from promptemb.encoder.model import Encoder
 from promptemb.evaluation.clustering import ClusteringConfig, evaluate_clustering
-from promptemb.evaluation.options import DEFAULT_OPTIONS, ScoringOptions
+from promptemb.evaluation.pooler_variants import score_variants
+from promptemb.evaluation.scoring_options import DEFAULT_OPTIONS, ScoringOptions
 from promptemb.evaluation.sts import SentenceIndex, check_scoring, encode_plans
 from promptemb.evaluation.transfer import ClassifierConfig, TransferData, evaluate_transfer
-from promptemb.evaluation.variants import score_variants
 from promptemb.poolers.base import Pooler
 
 

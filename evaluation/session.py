@@ -1,0 +1,139 @@
+"""One scoring session: what evaluate.py and the training callback both score with, built once from the same settings
+(`configs/scoring/`): the poolers, the post-processors and the corpus they are fitted on, the task registry, the
+transfer / clustering protocol settings, the analysis switch; then scoring and the report.
+
+    session = ScoringSession(ScoringSettings(poolers=["mean"], post=["quantile_u"]), data_root)
+    result = session.score(encoder, ["STSBenchmark"], poolers, session.options(template, "none"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from promptemb.common.errors import ConfigError
+from promptemb.data.fit_corpora import TARGET, Corpora
+from promptemb.data.root import resolve_data_root
+from promptemb.data.tasks import REGISTRY_FILE, TaskSpec, get_tasks, load_registry
+from promptemb.encoder.model import Encoder
+from promptemb.encoder.template import Template
+from promptemb.evaluation.analysis import analyse_task
+from promptemb.evaluation.clustering import ClusteringConfig
+from promptemb.evaluation.report import attach_scoring_details, scoring_provenance, write_report
+from promptemb.evaluation.scoring_options import ScoringOptions
+from promptemb.evaluation.sts import check_scoring, evaluate_sts
+from promptemb.evaluation.task_families import evaluate_tasks
+from promptemb.evaluation.transfer import ClassifierConfig
+from promptemb.poolers import build_poolers
+from promptemb.poolers.base import Pooler
+from promptemb.postprocessing import build_posts
+
+
+@dataclass
+class ScoringSettings:
+    """The `scoring` config group (configs/scoring/): evaluate.py's top-level keys, the training callback's keys."""
+
+    poolers: Sequence[str] = ()
+    pooler_args: dict = field(default_factory=dict)
+    post: Sequence[str] = ()
+    post_args: dict = field(default_factory=dict)
+    fit_corpus: str = TARGET
+    analysis: bool = False
+    task_registry: str | None = None
+    transfer_args: dict = field(default_factory=dict)
+    clustering_args: dict = field(default_factory=dict)
+
+
+def protocol_config(kind, overrides, key: str):
+    """`ClassifierConfig` / `ClusteringConfig` with the config's overrides (an unknown field is a config error)."""
+    values = (OmegaConf.to_container(overrides) if OmegaConf.is_config(overrides) else dict(overrides or {}))
+    valid = list(kind.__dataclass_fields__)
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown {key} field(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    return kind(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
+
+
+class ScoringSession:
+    """Everything about scoring that does not depend on the model: built (and checked) at once, so an unknown pooler,
+    post-processor, fit corpus or protocol field fails before any model loads; the data root is resolved when first
+    needed."""
+
+    def __init__(self, settings: ScoringSettings, data_root: str | None = None, other_poolers: Sequence[str] = (),
+                 poolers_required: bool = True):
+        """`other_poolers`: names the caller scores besides `settings.poolers` (the training callback's dev
+        poolers), which `pooler_args` may configure too; `poolers_required`: no pooler at all is an error."""
+        self.settings = settings
+        self.data_root = data_root
+        self.pooler_args = dict(settings.pooler_args or {})
+        names = [*settings.poolers, *(name for name in other_poolers if name not in settings.poolers)]
+        built = build_poolers(names, self.pooler_args) if names or poolers_required else []
+        self.poolers = built[:len(settings.poolers)]
+        self.posts = build_posts(list(settings.post), dict(settings.post_args or {}))
+        Corpora.check_label(settings.fit_corpus)
+        self.registry_file = Path(settings.task_registry) if settings.task_registry else REGISTRY_FILE
+        self.transfer_config = protocol_config(ClassifierConfig, settings.transfer_args, "transfer_args")
+        self.clustering_config = protocol_config(ClusteringConfig, settings.clustering_args, "clustering_args")
+        self._corpora: Corpora | None = None
+
+    @property
+    def fit_corpus(self) -> str:
+        return self.settings.fit_corpus
+
+    def build_poolers(self, names: list[str]) -> list[Pooler]:
+        """The named poolers (a subset of the session's) with their `pooler_args`."""
+        if not names:
+            return []
+        return build_poolers(names, {k: v for k, v in self.pooler_args.items() if k in names})
+
+    def corpora(self) -> Corpora:
+        """The task registry's corpora under the data root (resolved and read once)."""
+        if self._corpora is None:
+            self._corpora = Corpora(resolve_data_root(self.data_root), load_registry(self.registry_file))
+        return self._corpora
+
+    def tasks(self, names: Sequence[str]) -> list[TaskSpec]:
+        return get_tasks(list(names), self.corpora().registry)
+
+    def options(self, template: Template | None, sentence_rule: str, max_sentence_tokens: int | None = None,
+                post_processors: bool = True) -> ScoringOptions:
+        return ScoringOptions(template, sentence_rule, max_sentence_tokens,
+                              self.posts if post_processors else (), self.fit_corpus, self.corpora())
+
+    def check(self, encoder: Encoder, poolers: list[Pooler], template: Template | None,
+              post_processors: bool = True) -> None:
+        """The poolers against the model (Ditto head, attentions, MLM head, template) and their fit corpora."""
+        check_scoring(encoder, poolers, template, post_processors and bool(self.posts), self.fit_corpus,
+                      self.corpora())
+
+    def score(self, encoder: Encoder, task_names: Sequence[str], poolers: list[Pooler], options: ScoringOptions,
+              full: bool = True) -> dict:
+        """`full`: any task family, post-processors as configured, analysis when asked (evaluate.py, the final
+        scoring of a run); otherwise the STS scorer alone (the dev evaluation during training)."""
+        tasks = self.tasks(task_names)
+        if not full:
+            return evaluate_sts(encoder, tasks, self.corpora().root, poolers, options)
+        return evaluate_tasks(encoder, tasks, self.corpora().root, poolers, options,
+                              analyse=analyse_task if self.settings.analysis else None,
+                              transfer_config=self.transfer_config, clustering_config=self.clustering_config)
+
+    def provenance(self, encoder: Encoder, options: ScoringOptions, poolers: list[Pooler], result: dict,
+                   versions: dict | None = None) -> dict:
+        """The provenance record of `result` (moves its scoring details into the record)."""
+        prov = scoring_provenance(encoder, options.template, options.sentence_rule, options.max_sentence_tokens,
+                                  poolers, versions)
+        return attach_scoring_details(prov, result, self.fit_corpus)
+
+    @staticmethod
+    def record(result: dict, provenance: dict) -> dict:
+        """What results.json holds: the scores of every family, their details and the provenance."""
+        return {"scores": result["scores"], "pearson": result.get("pearson"), "details": result["details"],
+                "analysis": result["analysis"], "families": result["families"], "provenance": provenance}
+
+    @staticmethod
+    def report(output_dir: Path, record: dict) -> tuple[Path, Path]:
+        """results.json, results.md and one PNG per task family."""
+        return write_report(Path(output_dir), record)
