@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -10,8 +11,13 @@ import torch
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.template import MASK_SLOT, Template, apply_sentence_rule
 
-# Token roles, one per position: which part of the input a token belongs to.
-PAD, SPECIAL, TEMPLATE, SENTENCE = -1, 0, 1, 2
+if TYPE_CHECKING:
+    from promptemb.encoder.decoder import DecoderForm
+
+# Token roles, one per position: which part of the input a token belongs to. Decoder prompt methods add POOLED
+# (the span a span pooler averages or ends at: Echo's second copy and its closing `</s>`) and SLOT (Token
+# Prepending's `<PST>` position, whose state is overwritten inside the model).
+PAD, SPECIAL, TEMPLATE, SENTENCE, POOLED, SLOT = -1, 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -21,13 +27,17 @@ class InputForm:
     template: Template | None = None
     sentence_rule: str = "none"
     max_sentence_tokens: int | None = None
+    decoder: DecoderForm | None = None  # decoder prompt methods: Echo's template, forward hooks
 
     def describe(self) -> dict:
-        return {
+        record = {
             "template": self.template.text if self.template else None,
             "sentence_rule": self.sentence_rule if self.template else "none",
             "max_sentence_tokens": self.max_sentence_tokens,
         }
+        if self.decoder is not None:
+            record["decoder"] = self.decoder.describe()
+        return record
 
 
 @dataclass
@@ -38,6 +48,7 @@ class TokenizedInput:
     roles: list[int]
     sentence_length: int
     truncated: bool = False  # the sentence had more than max_sentence_tokens tokens and was cut
+    auxiliary: TokenizedInput | None = None  # Contrastive Prompting: the same sentence in the auxiliary prompt
 
 
 class InputBuilder:
@@ -57,6 +68,9 @@ class InputBuilder:
         if room < 1:
             raise ConfigError(f"template {form.template.text!r} leaves no room for the sentence in {max_length} tokens")
         self.max_sentence_tokens = min(form.max_sentence_tokens or room, room)
+
+    def collate(self, items: list[TokenizedInput]) -> Batch:
+        return collate(items, self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
 
     def _tokenize_template_piece(self, text: str) -> list[int]:
         """Tokenize template text, writing the model's own mask id for each `[MASK]`.
@@ -150,6 +164,7 @@ class Batch:
     mask_token: torch.Tensor  # [B, T] bool, True at [MASK] template positions
     sentence_lengths: torch.Tensor  # [B], sentence tokens after truncation
     position_ids: torch.Tensor | None = None  # [B, T]; None = the model's default positions
+    auxiliary: Batch | None = None  # Contrastive Prompting: the auxiliary prompt's batch, row for row
 
     def to(self, device: torch.device) -> Batch:
         return Batch(**{name: None if value is None else value.to(device) for name, value in vars(self).items()})

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,15 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.validation import register_choices
+from promptemb.encoder.decoder import (
+    PADDING_SIDES,
+    DecoderInputBuilder,
+    check_last_token_template,
+    is_causal_lm,
+    run_decoder,
+)
 from promptemb.encoder.forward import InputEmbedder, max_input_length, run_transformer
-from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
+from promptemb.encoder.inputs import Batch, InputBuilder, InputForm
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 from promptemb.encoder.pooling import Needs, Pooler
 from promptemb.encoder.template import Template
@@ -26,6 +34,7 @@ from promptemb.encoder.template import Template
 PACKAGE_PREFIX = "package:"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 register_choices("dtype", DTYPES)
+QUANTIZATIONS = ("4bit",)
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -71,6 +80,30 @@ def check_model_source(name_or_path: str) -> str:
                 raise ConfigError(f"model weights {weights} are truncated or corrupt ({reason}); download or save "
                                   "the model again") from None
     return path
+
+
+def check_quantization(quantization: str | None) -> None:
+    """4-bit loading (QLoRA's NF4) needs CUDA and `bitsandbytes`: refuse it in one line before any loading."""
+    if quantization is None:
+        return
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"unknown quantization {quantization!r}; valid: {', '.join(QUANTIZATIONS)} or null")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"quantization={quantization} (QLoRA) needs a CUDA GPU and bitsandbytes; this machine has "
+                          "no CUDA device: drop quantization or run on a GPU")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError(f"quantization={quantization} (QLoRA) needs bitsandbytes; pip install bitsandbytes")
+
+
+def quantization_kwargs(quantization: str | None) -> dict:
+    """`from_pretrained` arguments of a checked quantization (NF4 with double quantization, as QLoRA)."""
+    if quantization is None:
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                      bnb_4bit_use_double_quant=True,
+                                                      bnb_4bit_compute_dtype=torch.bfloat16)}
 
 
 def load_pretrained(name_or_path: str, *, mlm_head: bool = False, **model_kwargs):
@@ -129,6 +162,11 @@ def combine_needs(poolers: Sequence[Pooler], num_layers: int | None = None) -> N
         mlm_head=any(p.needs.mlm_head for p in poolers),
         template_bias=any(p.needs.template_bias for p in poolers),
     )
+
+
+def expand_parts(poolers: Sequence[Pooler]) -> list[Pooler]:
+    """The poolers that read a forward pass: each pooler, or the parts of one that averages several (MetaEOL)."""
+    return [part for pooler in poolers for part in (pooler.parts() or [pooler])]
 
 
 @contextlib.contextmanager
@@ -205,19 +243,30 @@ class Encoder:
         mlm_head: bool = False,
         revision: str | None = None,
         progress: bool = True,
+        device_map: str | dict | None = None,
+        quantization: str | None = None,
+        padding_side: str = "right",
     ):
+        """`device_map` (e.g. "auto") and `quantization` ("4bit", CUDA only) are passed to `from_pretrained` for
+        models too big for one device; `padding_side` applies to decoders (results do not depend on it)."""
         path = resolve_model_path(name_or_path)
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+        if padding_side not in PADDING_SIDES:
+            raise ConfigError(f"unknown padding_side {padding_side!r}; valid: {', '.join(PADDING_SIDES)}")
+        check_quantization(quantization)
+        placement = {} if device_map is None else {"device_map": device_map}
         tokenizer, model, loading = load_pretrained(
             name_or_path, mlm_head=mlm_head, revision=revision, dtype=DTYPES[dtype],
-            attn_implementation="eager" if attentions else "sdpa",
+            attn_implementation="eager" if attentions else "sdpa", **placement, **quantization_kwargs(quantization),
         )
         head = find_mlm_head(model, loading["missing_keys"], name_or_path) if mlm_head else None
+        if device_map is not None:  # accelerate placed the weights; inputs go where the first ones are
+            device = str(next(model.parameters()).device)
         self._setup(model.base_model if mlm_head else model, tokenizer, name_or_path=name_or_path, path=path,
                     device=device, batch_size=batch_size, max_length=max_length, dtype=dtype,
-                    attentions=attentions, mlm_head=head, progress=progress)
-        self.model = model.to(self.device).eval()
+                    attentions=attentions, mlm_head=head, progress=progress, padding_side=padding_side)
+        self.model = (model if device_map is not None or quantization else model.to(self.device)).eval()
 
     @classmethod
     def from_model(
@@ -231,6 +280,7 @@ class Encoder:
         mlm_head: torch.nn.Module | None = None,
         input_embedder: InputEmbedder | None = None,
         progress: bool = False,
+        padding_side: str = "right",
     ) -> Encoder:
         """Wrap an in-memory transformer (left on its device, dtype and train/eval state as given)."""
         encoder = cls.__new__(cls)
@@ -239,12 +289,13 @@ class Encoder:
         dtype = {v: k for k, v in DTYPES.items()}.get(next(transformer.parameters()).dtype, "float32")
         encoder._setup(transformer, tokenizer, name_or_path=name, path=name, device=str(device),
                        batch_size=batch_size, max_length=max_length, dtype=dtype, attentions=attentions,
-                       mlm_head=mlm_head, progress=progress, input_embedder=input_embedder)
+                       mlm_head=mlm_head, progress=progress, input_embedder=input_embedder,
+                       padding_side=padding_side)
         encoder.model = transformer
         return encoder
 
     def _setup(self, transformer, tokenizer, *, name_or_path, path, device, batch_size, max_length, dtype,
-               attentions, mlm_head, progress, input_embedder=None) -> None:
+               attentions, mlm_head, progress, input_embedder=None, padding_side="right") -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.name_or_path = name_or_path
@@ -266,6 +317,9 @@ class Encoder:
         self.num_heads = int(getattr(transformer.config, "num_attention_heads", 0))
         self.hidden_size = int(transformer.config.hidden_size)
         self.max_length = max_input_length(transformer, tokenizer, max_length)
+        #: a causal LM: inputs as the decoder prompt methods build them, causal attention, last-token poolers
+        self.is_decoder = is_causal_lm(transformer.config)
+        self.padding_side = padding_side
 
     def describe(self) -> dict:
         return {
@@ -278,14 +332,23 @@ class Encoder:
             "max_length": self.max_length,
             "dtype": self.dtype,
             "attention": "eager" if self.attentions else "sdpa",
+            "decoder": self.is_decoder,
+            **({"padding_side": self.padding_side} if self.is_decoder else {}),
         }
 
     # -- validation -----------------------------------------------------------------------------------------------
 
     def check_poolers(self, poolers: Sequence[Pooler], template: Template | None) -> None:
         """Fail before any forward pass if a pooler cannot run with this model and template."""
-        for pooler in poolers:
+        for pooler in expand_parts(poolers):
             needs = pooler.needs
+            self.check_model_kind(pooler)
+            own = pooler.input_form()
+            if own is not None:  # a decoder method's own template (or Echo's), checked here instead of the run's
+                if own.decoder is None or own.decoder.echo_template is None:
+                    check_last_token_template(pooler.name, own.template)
+            elif needs.decoder:
+                check_last_token_template(pooler.name, template)
             for layer in needs.layers:
                 normalize_layer(layer, self.num_layers)
             if needs.layers_from is not None:
@@ -293,7 +356,7 @@ class Encoder:
             pooler.check_model(self.transformer.config)
             pooler.bind_tokenizer(self.tokenizer)
             pooler.bind_encoder(self)
-            if (needs.templated or needs.template_bias) and template is None:
+            if (needs.templated or needs.template_bias) and template is None and own is None:
                 raise ConfigError(
                     f"pooler {pooler.name!r} pools over a prompt-templated input; pass a template, "
                     "e.g. template='This sentence : \"[X]\" means [MASK] .'"
@@ -316,6 +379,18 @@ class Encoder:
                     "(eager attention)"
                 )
 
+    def check_model_kind(self, pooler: Pooler) -> None:
+        """Decoder prompt methods need a causal LM; [MASK]-based poolers need a masked-language model."""
+        kind = f"{type(self.transformer).__name__}, {'a decoder (causal LM)' if self.is_decoder else 'an encoder'}"
+        if pooler.needs.decoder and not self.is_decoder:
+            raise ConfigError(f"pooler {pooler.name!r} is a decoder prompt method (last token of a causal LM), but "
+                              f"model {self.name_or_path!r} is {kind}; use mask, mean or another encoder pooler")
+        needs = pooler.needs
+        if self.is_decoder and (needs.mask_token or needs.template_bias or needs.mlm_head):
+            raise ConfigError(f"pooler {pooler.name!r} pools the template's [MASK] of a masked-language model, but "
+                              f"model {self.name_or_path!r} is {kind}; use last_token, prompteol or another decoder "
+                              "method")
+
     # -- encoding -------------------------------------------------------------------------------------------------
 
     def embed(
@@ -336,7 +411,11 @@ class Encoder:
         """
         self.check_poolers(poolers, template)
         by_form: dict[InputForm, list[Pooler]] = defaultdict(list)
-        for pooler in poolers:
+        for pooler in expand_parts(poolers):
+            own = pooler.input_form()
+            if own is not None:
+                by_form[replace(own, max_sentence_tokens=max_sentence_tokens)].append(pooler)
+                continue
             templated = pooler.needs.templated or pooler.needs.template_bias
             by_form[InputForm(template if templated else None, sentence_rule, max_sentence_tokens)].append(pooler)
         embeddings: dict[str, np.ndarray] = {}
@@ -344,9 +423,16 @@ class Encoder:
         for form, form_poolers in by_form.items():
             embeddings.update(self.encode_form(sentences, form_poolers, form, batch_size=batch_size,
                                                progress=progress))
+        for pooler in poolers:
+            parts = pooler.parts()
+            if parts:  # MetaEOL: the plain mean of its prompts' embeddings
+                embeddings[pooler.name] = np.mean([embeddings[part.name] for part in parts], axis=0,
+                                                  dtype=np.float64).astype(np.float32)
         return {pooler.name: embeddings[pooler.name] for pooler in poolers}
 
-    def input_builder(self, form: InputForm) -> InputBuilder:
+    def input_builder(self, form: InputForm) -> InputBuilder | DecoderInputBuilder:
+        if self.is_decoder:
+            return DecoderInputBuilder(self.tokenizer, form, self.max_length, self.padding_side)
         return InputBuilder(self.tokenizer, form, self.max_length)
 
     def encode_form(
@@ -368,8 +454,7 @@ class Encoder:
         mine = starts if self.shard is None else starts[self.shard.rank :: self.shard.world_size]
         parts: dict[int, dict[str, torch.Tensor]] = {}  # batch start -> pooler name -> [rows, D]
         for start in tqdm(mine, desc=f"encode ({label})", unit="batch", disable=not progress, leave=False):
-            batch = collate([items[i] for i in order[start : start + batch_size]],
-                            self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
+            batch = builder.collate([items[i] for i in order[start : start + batch_size]])
             with torch.inference_mode():
                 out = self.forward(batch, needs, builder)
                 parts[start] = {pooler.name: pooler(out).float().cpu() for pooler in poolers}
@@ -387,8 +472,11 @@ class Encoder:
     def forward(self, batch: Batch, needs: Needs, builder: InputBuilder | None = None) -> EncoderOutput:
         """Run the transformer once (or not at all when only word embeddings are needed)."""
         batch = batch.to(self.device)
-        out = run_transformer(self.transformer, batch, needs, builder=builder, input_embedder=self.input_embedder,
-                              mlm_head=self.mlm_head)
+        if self.is_decoder:
+            out = run_decoder(self.transformer, batch, needs, builder.form if builder is not None else InputForm())
+        else:
+            out = run_transformer(self.transformer, batch, needs, builder=builder,
+                                  input_embedder=self.input_embedder, mlm_head=self.mlm_head)
         if needs.attentions and not out.attentions:
             raise ConfigError(
                 f"model {self.name_or_path!r} ({type(self.transformer).__name__}) returned no attention "

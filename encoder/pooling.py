@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.outputs import EncoderOutput
 
 
@@ -24,6 +25,7 @@ class Needs:
     word_embeddings: needs rows of the input word-embedding table.
     mlm_head: needs the masked-language-model head (the encoder loads the MLM variant of the checkpoint).
     template_bias: needs the template bias of template denoising at `layers` (templated inputs only).
+    decoder: needs a decoder (causal LM): a decoder prompt method pooling the last token or a span.
     """
 
     layers: tuple[int, ...] = ()
@@ -34,6 +36,7 @@ class Needs:
     word_embeddings: bool = False
     mlm_head: bool = False
     template_bias: bool = False
+    decoder: bool = False
 
 
 class Pooler(ABC):
@@ -57,6 +60,16 @@ class Pooler(ABC):
     def check_model(self, config) -> None:
         """Raise `ConfigError` if this pooler cannot run on a model with this Hugging Face config (before any
         forward pass). Most poolers are checked through `needs` alone."""
+        return None
+
+    def input_form(self) -> InputForm | None:
+        """The pooler's own input form (a decoder method's template, sentence rule and forward hooks), used instead of
+        the run's template; its `max_sentence_tokens` is replaced by the run's. None: the run's form."""
+        return None
+
+    def parts(self) -> list[Pooler] | None:
+        """Poolers whose embeddings this one averages (MetaEOL's prompts), each run on its own input form; None for
+        a pooler that reads one forward pass itself."""
         return None
 
     def bind_tokenizer(self, tokenizer) -> None:

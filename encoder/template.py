@@ -19,7 +19,10 @@ MASK_SLOT = "[MASK]"
 #: `append_period`: add "." unless the sentence ends in . ? " ' (nothing else is changed).
 #: `promptbert`: the official PromptBERT evaluation's rule (kongds/Prompt-BERT evaluation.py), which is exactly
 #: `append_period`; the name records where the rule comes from.
-SENTENCE_RULES = ("none", "append_period", "promptbert")
+#: `prompteol`: the rule of the decoder prompt methods' official evaluations (kongds/scaling_sentemb and the code
+#: built on it): `append_period`, then every `"` becomes `'` (the templates quote the sentence with `"`), then a
+#: final `?` becomes `.`.
+SENTENCE_RULES = ("none", "append_period", "promptbert", "prompteol")
 register_choices("sentence_rule", SENTENCE_RULES)
 
 
@@ -30,6 +33,10 @@ def apply_sentence_rule(sentence: str, rule: str) -> str:
         raise ConfigError(f"unknown sentence_rule {rule!r}; valid: {', '.join(SENTENCE_RULES)}")
     if sentence and sentence[-1] not in ".?\"'":
         sentence += "."
+    if rule == "prompteol":
+        sentence = sentence.replace('"', "'")
+        if sentence.endswith("?"):
+            sentence = sentence[:-1] + "."
     return sentence
 
 

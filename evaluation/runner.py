@@ -56,6 +56,10 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
         attentions=needs.attentions,
         mlm_head=needs.mlm_head,
         progress=bool(cfg.progress),
+        # decoders: big-model placement and loading, padding side (configs/backbone/decoder.yaml)
+        device_map=model.get("device_map"),
+        quantization=model.get("quantization"),
+        padding_side=model.get("padding_side", "right"),
     )
 
 
