@@ -16,7 +16,6 @@ GPT-2-style absolute positions shift with the padding).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.validation import register_choices
+from promptemb.encoder.decoder_forms import DecoderForm
 from promptemb.encoder.inputs import PAD, POOLED, SENTENCE, SLOT, SPECIAL, TEMPLATE, Batch, InputForm, TokenizedInput
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 from promptemb.encoder.template import Template, apply_sentence_rule
@@ -62,51 +62,6 @@ def is_causal_lm(config) -> bool:
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_MASKED_LM_MAPPING
 
     return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING and type(config) not in MODEL_FOR_MASKED_LM_MAPPING
-
-
-@dataclass(frozen=True)
-class TokenPrepending:
-    """Before each layer i with `start` <= i < `exit` (0-based), the `<PST>` position's input is overwritten with that
-    layer's input at the last position; layer 0 sees the `<PST>` embedding, drawn from N(0, 1) with `seed`."""
-
-    start: int = 1
-    exit: int = 7
-    seed: int = 3407
-
-    def describe(self) -> dict:
-        return {"method": "token_prepending", "start": self.start, "exit": self.exit, "placeholder_seed": self.seed}
-
-
-@dataclass(frozen=True)
-class ContrastivePrompting:
-    """At layer `layer` (0-based), the input of the attention output projection (the concatenated heads) at the last
-    position becomes `coeff·(A − B)`: A its own value, B the same position's value for the auxiliary prompt."""
-
-    auxiliary: str
-    layer: int = 4
-    coeff: float = 0.5
-
-    def describe(self) -> dict:
-        return {"method": "contrastive_prompting", "auxiliary_template": self.auxiliary, "layer": self.layer,
-                "coeff": self.coeff}
-
-
-@dataclass(frozen=True)
-class DecoderForm:
-    """What a decoder prompt method adds to an `InputForm`: an Echo template, or a hook on the forward."""
-
-    echo_template: str | None = None
-    prepending: TokenPrepending | None = None
-    contrast: ContrastivePrompting | None = None
-
-    def describe(self) -> dict:
-        record: dict = {}
-        if self.echo_template is not None:
-            record["echo_template"] = self.echo_template
-        for hook in (self.prepending, self.contrast):
-            if hook is not None:
-                record.update(hook.describe())
-        return record
 
 
 def special_frame(tokenizer) -> tuple[list[int], list[int]]:

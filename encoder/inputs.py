@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from promptemb.common.errors import ConfigError
+from promptemb.encoder.decoder_forms import DecoderForm
 from promptemb.encoder.template import MASK_SLOT, Template, apply_sentence_rule
-
-if TYPE_CHECKING:
-    from promptemb.encoder.decoder import DecoderForm
 
 # Token roles, one per position: which part of the input a token belongs to. Decoder prompt methods add POOLED
 # (the span a span pooler averages or ends at: Echo's second copy and its closing `</s>`) and SLOT (Token

@@ -10,14 +10,8 @@ from __future__ import annotations
 import torch
 
 from promptemb.common.errors import ConfigError
-from promptemb.encoder.decoder import (
-    EXAMPLE_TEMPLATE,
-    PLACEHOLDER,
-    ContrastivePrompting,
-    DecoderForm,
-    TokenPrepending,
-    last_positions,
-)
+from promptemb.encoder.decoder import EXAMPLE_TEMPLATE, PLACEHOLDER, last_positions
+from promptemb.encoder.decoder_forms import ContrastivePrompting, DecoderForm, TokenPrepending
 from promptemb.encoder.inputs import POOLED, InputForm
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.encoder.template import Template
