@@ -1,5 +1,5 @@
-"""train.py's command line, checked before Hydra composes it: an unknown experiment or override key is one line with
-the closest valid name, instead of Hydra's multi-line block."""
+"""train.py's own command-line checks, before Hydra composes it: an unknown experiment is one line listing the valid
+ones, and a `backbone.*` key that training would ignore is refused (unknown keys and options: common/cli.py)."""
 
 from __future__ import annotations
 
