@@ -253,7 +253,11 @@ class PromptEncoder:
         device = resolve_device(device)
         record = read_export_record(directory)
         verification = verify_export_weights(directory, record, verify_weights)
-        transformer = AutoModel.from_pretrained(directory).to(device).eval()
+        try:
+            transformer = AutoModel.from_pretrained(directory).to(device).eval()
+        except Exception as err:  # unverified weights (or none recorded) that do not even load: safetensors/torch
+            raise DataError(f"{directory}: the model weights do not load ({type(err).__name__}: "
+                            f"{(str(err).splitlines() or [''])[0]}); re-export the checkpoint") from None
         tokenizer = AutoTokenizer.from_pretrained(directory)
         spec = record["pooler"]
         head = None
