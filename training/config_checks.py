@@ -12,7 +12,14 @@ from omegaconf import DictConfig
 from promptemb.common.errors import ConfigError
 from promptemb.common.instantiate import build
 from promptemb.common.run_folder import nothing_left_on_user_error
-from promptemb.common.validation import check_accelerator, check_settings, check_targets, check_template, check_writable_dir, resolved
+from promptemb.common.validation import (
+    check_accelerator,
+    check_settings,
+    check_targets,
+    check_template,
+    check_writable_dir,
+    resolved,
+)
 from promptemb.data.root import resolve_data_root
 from promptemb.data.training_corpora import check_nli_header
 from promptemb.encoder.model import check_model_source
