@@ -9,6 +9,10 @@ import pytorch_lightning as pl
 import torch
 
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
+from promptemb.lightning_modules.grad_cache import TemplateBiasCache, split_batch
+from promptemb.lightning_modules.losses import info_nce
+from promptemb.lightning_modules.promptbert import PromptBERTUnsup
+from tests.test_grad_cache import SENTENCES
 
 ACCELERATOR = torch.device("cuda", 0)
 
@@ -45,3 +49,104 @@ def test_final_scoring_runs_on_the_training_device_not_where_teardown_left_the_m
     callback.on_fit_end(trainer, module)
     assert scored_on == [ACCELERATOR]
     assert module.device == torch.device("cpu")  # handed back where teardown left it
+
+
+class PreFixAutocastWeightCache:
+    """Autocast's weight cache as torch releases before pytorch#165068 kept it (pytorch#112583), for nn.Linear: the
+    first bf16 copy of an fp32 leaf weight in the region is cached whatever the grad mode, so a copy made under
+    no_grad (no gradient history) is reused by the grad-enabled forwards that follow. Honours
+    `torch.is_autocast_cache_enabled()` and `torch.clear_autocast_cache()`, as the real cache does."""
+
+    def __init__(self, monkeypatch):
+        self.copies: dict[int, torch.Tensor] = {}
+        self.linear = torch.nn.functional.linear
+        clear = torch.clear_autocast_cache
+        monkeypatch.setattr(torch.nn.functional, "linear", self.cached_linear)
+        monkeypatch.setattr(torch, "clear_autocast_cache", lambda: (self.copies.clear(), clear())[1])
+
+    def cast(self, tensor):
+        if tensor is None or not (tensor.is_leaf and tensor.requires_grad and tensor.dtype == torch.float32):
+            return tensor
+        low = torch.get_autocast_dtype("cpu")
+        if not torch.is_autocast_cache_enabled():
+            return tensor.to(low)
+        if id(tensor) not in self.copies:
+            self.copies[id(tensor)] = tensor.to(low)
+        return self.copies[id(tensor)]
+
+    def cached_linear(self, input, weight, bias=None):
+        if not torch.is_autocast_enabled("cpu"):
+            return self.linear(input, weight, bias)
+        return self.linear(input.to(torch.get_autocast_dtype("cpu")), self.cast(weight), self.cast(bias))
+
+
+def bf16_step(module, batch, seed: int = 1, one_graph: bool = False):
+    """One training step inside a bf16 autocast region, as Lightning's bf16-mixed runs it on CPU (the backward after
+    the region): (loss, gradients). `one_graph`: the chunked computation with plain autograd (tests/test_grad_cache)."""
+    module.zero_grad(set_to_none=True)
+    torch.clear_autocast_cache()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if one_graph:
+            torch.manual_seed(seed)
+            cache = TemplateBiasCache(module.device, keep_graph=True)
+            module.template_bias_cache = cache
+            views = []
+            for index, chunk in enumerate(split_batch(batch, module.hparams.grad_cache_chunk_size)):
+                cache.start_chunk(index)
+                views.append(module.contrastive_views(chunk))
+            module.template_bias_cache = None
+            anchors, positives = (torch.cat(column) for column in list(zip(*views, strict=True))[:2])
+            loss = info_nce(anchors, positives, module.hparams.temperature)
+            to_backward = loss
+        else:
+            torch.manual_seed(seed)
+            loss, _, surrogate = module.contrastive_loss(batch)
+            to_backward = surrogate(loss)
+    torch.clear_autocast_cache()
+    to_backward.backward()
+    return loss.detach().float(), {n: p.grad for n, p in module.named_parameters() if p.requires_grad}
+
+
+def bf16_module(path):
+    torch.manual_seed(0)
+    return PromptBERTUnsup(str(path), grad_cache_chunk_size=3).float().train()
+
+
+def test_grad_cache_gives_every_parameter_its_gradient_under_the_pre_fix_autocast_cache(tiny_bert, monkeypatch):
+    """Pass 1 embeds all chunks but the last under no_grad inside the autocast region: with the old caching
+    behaviour emulated, the weight copies it would cache carry no gradient history and most parameters would get
+    none (silently zero through allow_unused=True). The no-grad chunks must not seed the cache."""
+    PreFixAutocastWeightCache(monkeypatch)
+    module = bf16_module(tiny_bert)
+    got = bf16_step(module, SENTENCES)
+    reference = bf16_step(bf16_module(tiny_bert), SENTENCES, one_graph=True)
+    missing = sorted(name for name, grad in got[1].items() if without_gradient(grad))
+    # the last LayerNorm's bias cancels in (sentence - template bias) in both computations
+    assert missing == sorted(name for name, grad in reference[1].items() if without_gradient(grad)), (
+        f"{len(missing)} of {len(got[1])} parameters got no gradient: {missing}")
+    assert_bf16_close(got, reference)
+
+
+def without_gradient(grad) -> bool:
+    return grad is None or not grad.abs().sum() > 0
+
+
+def assert_bf16_close(got, reference):
+    """bf16 keeps 8 mantissa bits and the two computations round differently: per parameter, the two differ from
+    an fp32 step about as much as from each other (~6% of the norm for this tiny BERT, far more for the tiniest
+    gradients), so they are compared as one vector, whose relative error the bug would push to ~1 (the large
+    gradients of the linear layers missing)."""
+    torch.testing.assert_close(got[0], reference[0], rtol=1e-3, atol=1e-3)
+    assert [n for n, g in got[1].items() if without_gradient(g)] == [
+        n for n, g in reference[1].items() if without_gradient(g)]
+    flat_got = torch.cat([g.flatten() for g in got[1].values() if g is not None])
+    flat_reference = torch.cat([g.flatten() for g in reference[1].values() if g is not None])
+    assert (flat_got - flat_reference).norm() <= 0.15 * flat_reference.norm()
+
+
+def test_grad_cache_equals_the_one_graph_step_under_bf16_autocast(tiny_bert):
+    """bf16 autocast on CPU, the real (current) autocast cache: the cached step's loss and gradients are the
+    one-graph ones, to bf16 precision."""
+    got = bf16_step(bf16_module(tiny_bert), SENTENCES)
+    reference = bf16_step(bf16_module(tiny_bert), SENTENCES, one_graph=True)
+    assert_bf16_close(got, reference)
