@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import pytorch_lightning as pl
 import torch
 
@@ -12,6 +13,7 @@ from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.lightning_modules.grad_cache import TemplateBiasCache, split_batch
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
+from promptemb.training import rng_state
 from tests.test_grad_cache import SENTENCES
 
 ACCELERATOR = torch.device("cuda", 0)
@@ -150,3 +152,64 @@ def test_grad_cache_equals_the_one_graph_step_under_bf16_autocast(tiny_bert):
     got = bf16_step(bf16_module(tiny_bert), SENTENCES)
     reference = bf16_step(bf16_module(tiny_bert), SENTENCES, one_graph=True)
     assert_bf16_close(got, reference)
+
+
+class EmulatedCudaGenerators:
+    """torch.cuda's generator functions on a machine with `visible` devices (this process on `current`): each
+    device's state a distinct byte tensor; naming a device that is not visible raises, as CUDA does."""
+
+    def __init__(self, monkeypatch, visible: int, current: int = 0):
+        self.visible, self.current = visible, current
+        self.states = {index: torch.full((16,), 10 + index, dtype=torch.uint8) for index in range(visible)}
+        for name in ("get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all", "current_device",
+                     "device_count", "is_available"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return self.visible
+
+    def current_device(self) -> int:
+        return self.current
+
+    def _index(self, device) -> int:
+        index = device if isinstance(device, int) else torch.device(device).index
+        index = self.current if index is None else index
+        if index >= self.visible:
+            raise IndexError(f"CUDA device {index} is not visible ({self.visible} visible)")
+        return index
+
+    def get_rng_state(self, device="cuda") -> torch.Tensor:
+        return self.states[self._index(device)].clone()
+
+    def set_rng_state(self, new_state, device="cuda") -> None:
+        self.states[self._index(device)] = new_state.clone()
+
+    def get_rng_state_all(self) -> list[torch.Tensor]:
+        return [self.get_rng_state(index) for index in range(self.visible)]
+
+    def set_rng_state_all(self, new_states) -> None:
+        for index, state in enumerate(new_states):
+            self.set_rng_state(state, index)
+
+
+@pytest.mark.parametrize("visible_on_resume", [1, 2])
+def test_rng_state_saved_on_eight_devices_resumes_on_fewer(monkeypatch, visible_on_resume):
+    """A checkpoint written by rank 3 of an 8-GPU run (CUDA generators emulated) resumes where 1 or 2 devices are
+    visible: each process restores the saved state of its own device onto its own device."""
+    EmulatedCudaGenerators(monkeypatch, visible=8, current=3)
+    saved = rng_state.capture()
+    resumed = EmulatedCudaGenerators(monkeypatch, visible=visible_on_resume, current=visible_on_resume - 1)
+    rng_state.restore(saved)
+    assert torch.equal(resumed.states[visible_on_resume - 1], torch.full((16,), 13, dtype=torch.uint8))
+
+
+def test_rng_state_of_checkpoints_with_one_state_per_device_still_restores(monkeypatch):
+    """Checkpoints written before hold every visible device's state: a process restores its own device's entry."""
+    EmulatedCudaGenerators(monkeypatch, visible=8)
+    saved = {**rng_state.capture(), "cuda": [torch.full((16,), 10 + index, dtype=torch.uint8) for index in range(8)]}
+    resumed = EmulatedCudaGenerators(monkeypatch, visible=2, current=1)
+    rng_state.restore(saved)
+    assert torch.equal(resumed.states[1], torch.full((16,), 11, dtype=torch.uint8))
