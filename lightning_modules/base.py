@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.enums import GradClipAlgorithmType
 from torch.optim.lr_scheduler import LRScheduler
 
 from promptemb.common.errors import ConfigError, DivergenceError
@@ -212,6 +213,17 @@ class PromptContrastiveModule(pl.LightningModule):
         # Each rank back-propagates through its own slice of the global similarity matrix; DDP averages gradients,
         # so scaling by the world size gives exactly the single-process gradient of the joined batch.
         return to_backward(loss * world_size())
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """`trainer.gradient_clip_val` clips what the reference recipes (Hugging Face Trainer, `max_grad_norm`)
+        clipped: under DDP they clip the mean of the per-rank gradients, the full-batch gradient divided by the
+        world size, while the gradient here is the full-batch one itself (`training_step` scales the loss by the
+        world size). The threshold is scaled by the world size, so the same steps are clipped by the same factor
+        (AdamW does not see the gradient's overall scale); one process: unchanged."""
+        if not gradient_clip_val:
+            return
+        algorithm = GradClipAlgorithmType((gradient_clip_algorithm or "norm").lower())
+        self.trainer.precision_plugin.clip_gradients(optimizer, gradient_clip_val * world_size(), algorithm)
 
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]

@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 import torch
 
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
+from promptemb.lightning_modules import base
 from promptemb.lightning_modules.grad_cache import TemplateBiasCache, split_batch
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
@@ -213,3 +214,27 @@ def test_rng_state_of_checkpoints_with_one_state_per_device_still_restores(monke
     resumed = EmulatedCudaGenerators(monkeypatch, visible=2, current=1)
     rng_state.restore(saved)
     assert torch.equal(resumed.states[1], torch.full((16,), 11, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("norm", [3.0, 8.0])
+def test_gradient_clipping_under_ddp_clips_what_the_reference_clipped(tiny_bert, monkeypatch, norm):
+    """4 ranks (emulated world size): the gradient here is the full-batch one G, the reference (Hugging Face Trainer
+    under DDP) clipped the rank average G / 4 at max_grad_norm 1.0. Same clipping factor: the step here is 4 times
+    the reference's clipped gradient (AdamW ignores that scale). Before: G was clipped at 1.0 (norm 3: clipped,
+    though the reference's 0.75 is not)."""
+    monkeypatch.setattr(base, "world_size", lambda: 4)
+    module = PromptBERTUnsup(str(tiny_bert))
+    module.trainer = pl.Trainer(accelerator="cpu", gradient_clip_val=1.0, logger=False, enable_checkpointing=False)
+    params = [p for p in module.parameters() if p.requires_grad]
+    torch.manual_seed(0)
+    full_batch = [torch.randn_like(p) for p in params]
+    scale = norm / torch.cat([g.flatten() for g in full_batch]).norm()
+    for parameter, grad in zip(params, full_batch, strict=True):
+        parameter.grad = grad * scale
+    rank_average = [p.grad / 4 for p in params]  # what DDP leaves on each rank in the reference
+    factor = min(1.0, 1.0 / (norm / 4))  # max_grad_norm 1.0 on that
+    reference = [g * factor for g in rank_average]
+    optimizer = torch.optim.AdamW(params)
+    module.configure_gradient_clipping(optimizer, 1.0, "norm")  # as Lightning calls it, after unscaling
+    for parameter, clipped in zip(params, reference, strict=True):
+        torch.testing.assert_close(parameter.grad, 4 * clipped)
