@@ -23,7 +23,7 @@ from promptemb.encoder.forward import concat_batches, max_input_length, run_tran
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
 from promptemb.encoder.model import Encoder, load_pretrained
 from promptemb.encoder.template import Template
-from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache
+from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache, check_grad_cache_precision
 from promptemb.lightning_modules.losses import info_nce, world_size
 from promptemb.lightning_modules.schedules import linear_warmup_decay
 from promptemb.poolers.base import Pooler
@@ -119,6 +119,9 @@ class PromptContrastiveModule(pl.LightningModule):
                 self.transformer.activation_checkpointing_enable(options)
             else:
                 self.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+    def setup(self, stage: str) -> None:
+        check_grad_cache_precision(self.trainer.precision, self.hparams.grad_cache_chunk_size)  # before any step
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Lightning records no class; export and `load_module_checkpoint` rebuild the module from this.

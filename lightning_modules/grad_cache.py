@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules.losses import info_nce
 
 BiasCompute = Callable[[list, list[torch.Tensor]], list[dict[int, torch.Tensor]]]
@@ -72,6 +73,19 @@ def autocast_weight_cache_disabled() -> Iterator[None]:
         yield
     finally:
         torch.set_autocast_cache_enabled(enabled)
+
+
+#: Lightning precisions that train with a GradScaler (fp16 mixed precision).
+SCALED_PRECISIONS = ("16-mixed", "16", 16)
+
+
+def check_grad_cache_precision(precision, chunk_size: int | None) -> None:
+    """Gradient caching back-propagates each chunk's cached embedding gradient itself, in pass 2: fp16 activations
+    would carry gradients the GradScaler never scaled (small ones underflow to zero). Refused; bf16 needs no scaler."""
+    if chunk_size and precision in SCALED_PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision} cannot train with model.grad_cache_chunk_size={chunk_size}: "
+                          "pass 2 of gradient caching back-propagates gradients fp16's GradScaler never scales; "
+                          "use trainer.precision=bf16-mixed (or 32-true)")
 
 
 def split_batch(batch, size: int) -> list:

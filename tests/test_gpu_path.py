@@ -10,12 +10,16 @@ import pytorch_lightning as pl
 import torch
 
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
+from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules import base
 from promptemb.lightning_modules.grad_cache import TemplateBiasCache, split_batch
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 from promptemb.training import rng_state
+from promptemb.training.config_checks import check_train_config
 from tests.test_grad_cache import SENTENCES
+from tests.test_train import compose_train
+from tests.test_validation import assert_one_line_error, run, train_overrides
 
 ACCELERATOR = torch.device("cuda", 0)
 
@@ -238,3 +242,32 @@ def test_gradient_clipping_under_ddp_clips_what_the_reference_clipped(tiny_bert,
     module.configure_gradient_clipping(optimizer, 1.0, "norm")  # as Lightning calls it, after unscaling
     for parameter, clipped in zip(params, reference, strict=True):
         torch.testing.assert_close(parameter.grad, 4 * clipped)
+
+
+# -- GPU settings refused before any work, on a machine where they cannot run -----------------------------------
+
+
+def test_trainer_gpu_without_cuda_is_one_line_before_work(tiny_bert, real_data_root, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("checks the error on a machine without CUDA")
+    out = tmp_path / "run"
+    overrides = [override for override in train_overrides(tiny_bert, out) if override != "trainer.accelerator=cpu"]
+    proc = run("train.py", *overrides, "trainer=gpu", data_root=real_data_root)
+    assert_one_line_error(proc, r"^error: trainer\.accelerator=gpu but this machine has no CUDA GPU", out)
+    assert "Loading weights" not in proc.stderr
+
+
+def test_fp16_with_gradient_caching_is_refused_before_work(tiny_bert, real_data_root, tmp_path):
+    """fp16's GradScaler never scales the gradients pass 2 back-propagates: the combination is refused by the
+    config check, and by the module itself for code that builds its own Trainer."""
+    cfg = compose_train(train_overrides(tiny_bert, tmp_path / "run", f"data_root={real_data_root}",
+                                        "trainer.precision=16-mixed", "model.grad_cache_chunk_size=2"))
+    with pytest.raises(ConfigError, match=r"^trainer\.precision=16-mixed cannot train with "
+                                          r"model\.grad_cache_chunk_size=2: .*use trainer\.precision=bf16-mixed"):
+        check_train_config(cfg)
+    check_train_config(compose_train(train_overrides(tiny_bert, tmp_path / "run", f"data_root={real_data_root}",
+                                                     "trainer.precision=bf16-mixed", "model.grad_cache_chunk_size=2")))
+    module = PromptBERTUnsup(str(tiny_bert), grad_cache_chunk_size=2)
+    module._trainer = SimpleNamespace(precision="16-mixed")  # a GPU trainer's (on CPU Lightning turns it into bf16)
+    with pytest.raises(ConfigError, match=r"cannot train with model\.grad_cache_chunk_size=2"):
+        module.setup("fit")

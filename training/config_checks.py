@@ -24,6 +24,7 @@ from promptemb.data.root import resolve_data_root
 from promptemb.data.training_corpora import check_nli_header
 from promptemb.encoder.model import check_model_source
 from promptemb.encoder.settings import check_backbone
+from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
 
 
 @dataclass
@@ -52,6 +53,7 @@ def _check_train(cfg: DictConfig) -> None:
     trainer = container.get("trainer") or {}
     check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
     model = container.get("model") or {}
+    check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
     if isinstance(model.get("model_name_or_path"), str):
         check_model_source(model["model_name_or_path"])
     root = resolve_data_root(container.get("data_root"))
