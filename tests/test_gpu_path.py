@@ -3,6 +3,10 @@ final scoring on the training device, gradient caching under autocast, resuming 
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -17,8 +21,9 @@ from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 from promptemb.training import rng_state
 from promptemb.training.config_checks import check_train_config
+from tests.conftest import REPO
 from tests.test_grad_cache import SENTENCES
-from tests.test_train import compose_train
+from tests.test_train import WIKI_SAMPLE, compose_train
 from tests.test_validation import assert_one_line_error, run, train_overrides
 
 ACCELERATOR = torch.device("cuda", 0)
@@ -271,3 +276,26 @@ def test_fp16_with_gradient_caching_is_refused_before_work(tiny_bert, real_data_
     module._trainer = SimpleNamespace(precision="16-mixed")  # a GPU trainer's (on CPU Lightning turns it into bf16)
     with pytest.raises(ConfigError, match=r"cannot train with model\.grad_cache_chunk_size=2"):
         module.setup("fit")
+
+
+@pytest.mark.slow
+def test_two_rank_ddp_prepares_data_once_and_keeps_one_run_folder(tiny_bert, real_data_root, tmp_path):
+    """train.py under 2-process DDP (gloo) with no output_dir and an empty cache: the corpus is pre-tokenized once
+    (prepare_data on local rank 0, the other rank waits at Lightning's barrier and reads the cache), and the rank
+    Lightning starts writes into rank 0's run folder: exactly one folder, with one status.json."""
+    log_dir, cache = tmp_path / "logs", tmp_path / "cache"
+    overrides = ["experiment=quickstart_unsup", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                 "trainer.precision=32-true", f"paths.log_dir={log_dir}", f"backbone.name_or_path={tiny_bert}",
+                 f"data_root={real_data_root}", "data.download=null", f"data.files=[{WIKI_SAMPLE}]",
+                 "data.max_examples=64", "data.batch_size=4", "trainer.max_steps=2", "eval_every_n_steps=2",
+                 "callbacks.sts_evaluation.final_tasks=[STSBenchmark]"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PROMPTEMB_CACHE": str(cache)}
+    proc = subprocess.run([sys.executable, "train.py", *overrides], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert len(re.findall(r"pre-tokenizing \d+ examples", output)) == 1, output[-3000:]
+    runs = list((log_dir / "quickstart_unsup" / "runs").iterdir())
+    assert len(runs) == 1, runs
+    assert (runs[0] / "status.json").is_file() and (runs[0] / "results.json").is_file()
+    assert sorted(p.name for p in log_dir.rglob("status.json")) == ["status.json"]

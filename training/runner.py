@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from promptemb.training.config_checks import check_train_config
 from promptemb.training.loggers import build_loggers, finish_wandb, log_config
 from promptemb.training.optuna_search import run_study
 from promptemb.training.rng_state import RandomStateCallback
-from promptemb.training.run_dirs import in_multirun, resume_checkpoint
+from promptemb.training.run_dirs import RANK_ZERO_RUN_DIR, in_multirun, resume_checkpoint
 from promptemb.training.trials import run_trial
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ def train(cfg: DictConfig) -> pl.Trainer:
     trainer: pl.Trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     log_config(loggers, cfg)
     exit_code = 1
+    inherited_run_dir = os.environ.get(RANK_ZERO_RUN_DIR)
+    os.environ[RANK_ZERO_RUN_DIR] = str(cfg.output_dir)  # the DDP ranks fit() starts inherit this run's folder
     try:
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=str(checkpoint) if checkpoint else None)
@@ -106,6 +109,8 @@ def train(cfg: DictConfig) -> pl.Trainer:
         exit_code = 0
     finally:
         finish_wandb(loggers, exit_code)
+        if inherited_run_dir is None:
+            os.environ.pop(RANK_ZERO_RUN_DIR, None)
     sts = next((c for c in callbacks if isinstance(c, STSEvaluationCallback)), None)
     if trainer.is_global_zero and sts is not None and (line := sts.summary()):
         log.warning(line) if "WARNING" in line else log.info(line)

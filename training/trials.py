@@ -25,7 +25,7 @@ from promptemb.common.overrides import parse_overrides
 from promptemb.common.run_folder import remove_if_untouched
 from promptemb.research.seed_report import seed_report as write_seed_report
 from promptemb.research.seed_report import summary_line
-from promptemb.training.run_dirs import in_multirun
+from promptemb.training.run_dirs import in_multirun, is_global_rank_zero
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "status.json"
@@ -60,6 +60,9 @@ def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], i
     error propagates (after the record is written, or the untouched folder removed); inside one it is logged as one
     line and returned as a failed outcome."""
     run_dir = Path(cfg.output_dir)
+    if not is_global_rank_zero():  # one record per run, in rank 0's folder, written by rank 0
+        objective = train_fn(cfg)
+        return TrialOutcome(COMPLETED, objective=objective)
     outcome = TrialOutcome(COMPLETED, overrides=list(overrides if overrides is not None else task_overrides()),
                            params=dict(params or {}))
     try:
