@@ -116,6 +116,8 @@ class PromptEncoderModule(InputModule):
     def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
         texts = [prompt + text if prompt else text for text in inputs]
         texts = [apply_sentence_rule(text, self.record["sentence_rule"]) for text in texts]
+        if self.record.get("sentence_leading_space"):  # the template's space before [X] (encoder/inputs.py)
+            texts = [" " + text for text in texts]
         sentence_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         cls_id, sep_id, pad_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id
         rows = [[cls_id, *self.prefix_ids, *ids[: self.max_sentence_tokens], *self.suffix_ids, sep_id]

@@ -153,6 +153,7 @@ class PromptEncoder:
             "sentence_rule": self.sentence_rule,
             "prefix_ids": list(self.builder.prefix_ids),
             "suffix_ids": list(self.builder.suffix_ids),
+            "sentence_leading_space": self.builder.sentence_leading_space,
             "max_length": self.encoder.max_length,
             "max_sentence_tokens": self.max_sentence_tokens,
             "pooler": {

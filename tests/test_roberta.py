@@ -35,9 +35,10 @@ def recipe_module(name: str, model_dir, *overrides):
 def test_recipes_use_the_papers_roberta_templates(tiny_roberta):
     unsup, sup, opti = (compose_train([f"experiment={name}"]).model for name in RECIPES)
     assert unsup.model_name_or_path == sup.model_name_or_path == opti.model_name_or_path == "roberta-base"
-    assert list(unsup.templates) == ["This sentence : '[X]' means [MASK] .", "The sentence : '[X]' means [MASK] ."]
-    assert list(sup.templates) == ["This sentence : '[X]' means [MASK] ."]
-    assert opti.template == "This sentence : '[X]' means [MASK] ."
+    assert list(unsup.templates) == ["This sentence : '[X] ' means[MASK].", "The sentence : '[X] ' means[MASK]."]
+    assert list(sup.templates) == ["This sentence : '[X] ' means[MASK]."]
+    assert opti.template == "This sentence : '[X] ' means[MASK]."
+    assert unsup.eval_template == sup.eval_template == opti.eval_template == "This sentence : ' [X] ' means[MASK]."
 
 
 def test_remove_biases_keeps_word_initial_byte_level_tokens(tiny_roberta):
@@ -120,3 +121,59 @@ def test_export_round_trip(tiny_roberta, tmp_path, name):
     for got in (sentence_transformer(out).encode(SENTENCES, batch_size=3, convert_to_numpy=True),
                 load_encoder(out).encode(SENTENCES), load_encoder(ckpt).encode(SENTENCES)):
         assert np.abs(got - reference).max() <= TOL
+
+
+# kongds/Prompt-BERT's RoBERTa template (run.sh), `_` standing for a space.
+REFERENCE_TEMPLATE = "*cls*_This_sentence_:_'_*sent_0*_'_means*mask*.*sep+*"
+REFERENCE_SECOND_TEMPLATE = "*cls*_The_sentence_:_'_*sent_0*_'_means*mask*.*sep+*"
+ID_SENTENCES = ["two dogs run in a field .", "A man is playing a guitar in the park.", "the sun is shining ."]
+
+
+def reference_training_ids(tokenizer, template: str, sentence: str) -> list[int]:
+    """The reference's training inputs (train.py, as DESIGN.md §3 describes them): the template is cut at the
+    sentence into a start (spaces restored, stripped) and an end (spaces restored); start without its `</s>`, the
+    sentence tokenized alone without special tokens, end without its `<s>`."""
+    filled = (template.replace("*mask*", tokenizer.mask_token).replace("*sep+*", "").replace("*cls*", "")
+              .replace("*sent_0*", " "))
+    start, end = filled.split(" ")
+    return (tokenizer.encode(start.replace("_", " ").strip())[:-1]
+            + tokenizer.encode(sentence, add_special_tokens=False) + tokenizer.encode(end.replace("_", " "))[1:])
+
+
+def reference_evaluation_ids(tokenizer, template: str, sentence: str) -> list[int]:
+    """The reference's evaluation inputs (evaluation.py): spaces restored, the sentence put in place, the whole
+    string stripped and tokenized at once."""
+    filled = (template.replace("*mask*", tokenizer.mask_token).replace("_", " ").replace("*sep+*", "")
+              .replace("*cls*", ""))
+    return tokenizer(filled.replace("*sent 0*", sentence).strip())["input_ids"]
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_roberta_recipes_give_the_reference_token_ids_in_training_and_evaluation(tiny_roberta, name):
+    """Byte-level BPE makes spacing part of the token: the recipes' training inputs are the reference's training ids
+    (`Ġ'` after the sentence, `.` without `Ġ` at the end, the sentence's first word without `Ġ`), and their
+    evaluation inputs the reference's evaluation ids (the first word with its `Ġ`)."""
+    module = recipe_module(name, tiny_roberta)
+    tokenizer = module.tokenizer
+    references = [REFERENCE_TEMPLATE, REFERENCE_SECOND_TEMPLATE][:len(module.builders)]
+    evaluation = module._builder(module.eval_template, None)
+    for sentence in ID_SENTENCES:
+        for builder, template in zip(module.builders, references, strict=True):
+            assert builder.build([sentence])[0].input_ids == reference_training_ids(tokenizer, template, sentence)
+        assert evaluation.build([sentence])[0].input_ids == reference_evaluation_ids(tokenizer, REFERENCE_TEMPLATE,
+                                                                                     sentence)
+    trained = tokenizer.convert_ids_to_tokens(module.builders[0].build(["the sun"])[0].input_ids)
+    evaluated = tokenizer.convert_ids_to_tokens(evaluation.build(["the sun"])[0].input_ids)
+    assert trained[4] == evaluated[4] == "Ġ'" and trained[-4:] == evaluated[-4:] == ["Ġmeans", "<mask>", ".", "</s>"]
+    assert trained[5] == "the" and evaluated[5].startswith("Ġ")  # the first sentence piece: without, with its space
+
+
+def test_a_space_before_the_sentence_changes_no_wordpiece_ids(tiny_bert):
+    """WordPiece ignores spacing: a template written with a space before [X] gives BERT the same ids."""
+    from promptemb.encoder.inputs import InputBuilder, InputForm
+    from promptemb.encoder.template import Template
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    plain, spaced = (InputBuilder(tokenizer, InputForm(Template(text)), 64).build(ID_SENTENCES)
+                     for text in ('This sentence : "[X]" means [MASK] .', 'This sentence : " [X] " means[MASK].'))
+    assert [item.input_ids for item in plain] == [item.input_ids for item in spaced]
