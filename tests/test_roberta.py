@@ -9,7 +9,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer, RobertaForMaskedLM
+from transformers import AutoTokenizer
 
 from promptemb.encoder.forward import position_base
 from promptemb.encoder.model import Encoder
@@ -80,9 +80,10 @@ def test_denoising_counts_positions_from_padding_idx_plus_one(tiny_roberta, name
         assert (got[0] - direct_bias(model, tokenizer, builder, 1, base=0)).abs().max() > 1e-3
 
 
-def test_denoised_embedding_is_the_sentence_mask_state_minus_the_aligned_bias(tiny_roberta):
-    """Supervised recipe, end to end: g(h_mask(sentence, RoBERTa's own positions)) − g(h_mask(template alone at the
-    positions it has next to the sentence))."""
+def test_denoised_embedding_is_the_reference_head_of_the_sentence_mask_state_minus_the_aligned_bias(tiny_roberta):
+    """Supervised recipe, end to end, as the reference's RoBERTa recipe computes it in training and evaluation:
+    tanh(W(h_mask(sentence, RoBERTa's own positions) − h_mask(template alone at the positions it has next to the
+    sentence))) + b)."""
     module = recipe_module("promptbert_sup_roberta", tiny_roberta).eval()
     model, tokenizer, builder = module.transformer, module.tokenizer, module.builders[0]
     sentence = "two dogs run in a field"
@@ -91,18 +92,21 @@ def test_denoised_embedding_is_the_sentence_mask_state_minus_the_aligned_bias(ti
         got = module.pooled([sentence], builder, module.pooler)[0]
         hidden = model(torch.tensor([item.input_ids])).last_hidden_state[0]  # positions 2, 3, ... from the model
         mask = hidden[[t for t, i in enumerate(item.input_ids) if i == tokenizer.mask_token_id]].mean(0)
-        expected = module.head(mask) - module.head(direct_bias(model, tokenizer, builder, item.sentence_length, 2))
+        bias = direct_bias(model, tokenizer, builder, item.sentence_length, 2)
+        expected = torch.tanh(module.head.dense.weight @ (mask - bias) + module.head.dense.bias)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert module.eval_poolers()[0] is module.pooler  # the head is applied in evaluation too
 
 
-def test_supervised_head_starts_from_roberta_lm_head(tiny_roberta):
+def test_supervised_roberta_head_is_the_reference_randomly_initialised_tanh_layer(tiny_roberta):
+    """The reference's RoBERTa head is a fresh dense + tanh (weights ~ N(0, initializer_range), bias 0), not the
+    checkpoint's lm_head."""
     module = recipe_module("promptbert_sup_roberta", tiny_roberta)
-    lm_head = RobertaForMaskedLM.from_pretrained(tiny_roberta).lm_head
-    assert module.head_initialised_from_checkpoint
-    for ours, theirs in ((module.head.dense, lm_head.dense), (module.head.layer_norm, lm_head.layer_norm)):
-        torch.testing.assert_close(ours.weight, theirs.weight, rtol=0, atol=0)
-        torch.testing.assert_close(ours.bias, theirs.bias, rtol=0, atol=0)
-    assert (module.head.layer_norm.weight - 1).abs().max() > 0.01  # the checkpoint's values, not a fresh init
+    assert isinstance(module.head.activation, torch.nn.Tanh) and not module.head_initialised_from_checkpoint
+    assert not hasattr(module.head, "layer_norm")
+    assert module.head.dense.bias.abs().max() == 0
+    std = module.transformer.config.initializer_range
+    assert abs(module.head.dense.weight.std().item() - std) < 0.2 * std
 
 
 @pytest.mark.parametrize("name", RECIPES)
