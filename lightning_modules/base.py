@@ -54,6 +54,16 @@ def mlm_transform_state(model: torch.nn.Module, loading_info: dict) -> dict[str,
     return None
 
 
+def optimizer_options(factory: Callable, device: torch.device) -> dict:
+    """Extra options for the optimiser on `device`: fused AdamW on CUDA (one kernel per step instead of several per
+    parameter tensor; same update), unless the config chose an implementation."""
+    keywords = getattr(factory, "keywords", {})
+    if device.type == "cuda" and getattr(factory, "func", factory) is torch.optim.AdamW and not (
+            {"fused", "foreach"} & set(keywords)):
+        return {"fused": True}
+    return {}
+
+
 class NonFiniteLossError(DivergenceError):
     """The loss became NaN/inf; training stops before the optimiser step, so saved checkpoints stay good."""
 
@@ -232,6 +242,6 @@ class PromptContrastiveModule(pl.LightningModule):
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
             raise ConfigError(f"{type(self).__name__} has no trainable parameters")
-        optimizer = self.optimizer_factory(params)
+        optimizer = self.optimizer_factory(params, **optimizer_options(self.optimizer_factory, self.device))
         scheduler = self.scheduler_factory(optimizer, max(1, int(self.trainer.estimated_stepping_batches)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

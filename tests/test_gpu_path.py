@@ -3,6 +3,7 @@ final scoring on the training device, gradient caching under autocast, resuming 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -12,16 +13,20 @@ from types import SimpleNamespace
 import pytest
 import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader
 
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules import base
+from promptemb.lightning_modules.base import optimizer_options
 from promptemb.lightning_modules.grad_cache import TemplateBiasCache, split_batch
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 from promptemb.training import rng_state
 from promptemb.training.config_checks import check_train_config
+from promptemb.training.trainer import Trainer, enable_tf32
 from tests.conftest import REPO
+from tests.test_ddp import free_port
 from tests.test_grad_cache import SENTENCES
 from tests.test_train import WIKI_SAMPLE, compose_train
 from tests.test_validation import assert_one_line_error, run, train_overrides
@@ -299,3 +304,94 @@ def test_two_rank_ddp_prepares_data_once_and_keeps_one_run_folder(tiny_bert, rea
     assert len(runs) == 1, runs
     assert (runs[0] / "status.json").is_file() and (runs[0] / "results.json").is_file()
     assert sorted(p.name for p in log_dir.rglob("status.json")) == ["status.json"]
+
+
+# -- fast GPU settings, their switches tested on the CPU ---------------------------------------------------------
+
+
+def test_tf32_is_turned_on_for_cuda_trainers_only():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        assert not Trainer(accelerator="cpu", logger=False, enable_checkpointing=False).tf32
+        assert not torch.backends.cuda.matmul.allow_tf32
+        assert enable_tf32(ACCELERATOR)  # what a CUDA trainer calls with its root device
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_adamw_is_fused_on_cuda_unless_the_config_chose_an_implementation():
+    adamw = functools.partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0)
+    assert optimizer_options(adamw, ACCELERATOR) == {"fused": True}
+    assert optimizer_options(adamw, torch.device("cpu")) == {}
+    assert optimizer_options(functools.partial(torch.optim.AdamW, foreach=True), ACCELERATOR) == {}
+    assert optimizer_options(functools.partial(torch.optim.SGD, lr=0.1), ACCELERATOR) == {}
+    parameter = torch.nn.Parameter(torch.ones(3))
+    assert torch.optim.AdamW([parameter], **optimizer_options(adamw, ACCELERATOR)).defaults["fused"]
+
+
+def test_training_backbone_uses_sdpa_attention(tiny_bert):
+    module = PromptBERTUnsup(str(tiny_bert))
+    assert module.transformer.config._attn_implementation == "sdpa"
+
+
+def test_compile_where_it_cannot_work_is_one_line_before_work(tiny_bert, real_data_root, tmp_path):
+    """No C++ compiler for Inductor's CPU kernels (emulated: the compiler it looks for does not exist)."""
+    from torch._inductor import config as inductor_config
+
+    cfg = compose_train(train_overrides(tiny_bert, tmp_path / "run", f"data_root={real_data_root}",
+                                        "trainer.compile=true"))
+    with inductor_config.patch({"cpp.cxx": (None, "no-such-c++-compiler")}), pytest.raises(
+            ConfigError, match=r"^trainer\.compile=true cannot work on this machine: no C\+\+ compiler for "
+                               r"Inductor's CPU kernels \(looked for no-such-c\+\+-compiler\); use "
+                               r"trainer\.compile=false$"):
+        check_train_config(cfg)
+    check_train_config(cfg)  # g++ is here
+
+
+@pytest.mark.slow
+def test_compiled_backbone_trains_to_the_same_weights_on_cpu(tiny_bert):
+    """trainer.compile=true on a tiny BERT on the CPU: one optimiser step lands where the eager step does (to
+    compiled-kernel round-off), and the parameter names (checkpoints, exports) are unchanged."""
+    batch = SENTENCES
+
+    def one_step(compile: bool):
+        torch.manual_seed(0)
+        module = PromptBERTUnsup(str(tiny_bert), optimizer=functools.partial(torch.optim.AdamW, lr=1e-3))
+        names = sorted(name for name, _ in module.named_parameters())
+        trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False, compile=compile)
+        torch.manual_seed(1)
+        trainer.fit(module, DataLoader([batch], batch_size=None, collate_fn=lambda b: b))
+        assert sorted(name for name, _ in module.named_parameters()) == names
+        return {name: p.detach().clone() for name, p in module.named_parameters()}, module
+
+    eager, _ = one_step(False)
+    compiled, module = one_step(True)
+    assert module.transformer._compiled_call_impl is not None
+    for name, value in eager.items():
+        torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow  # three processes importing torch and Lightning: ~40 s on an idle 2-core CPU
+def test_two_nodes_of_one_process_equal_one_process_on_the_joined_batch(tiny_bert, tmp_path):
+    """2 nodes x 1 process simulated on localhost: two Lightning DDP processes (gloo), each with the environment a
+    node gets from SLURM or torchrun (NODE_RANK, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, LOCAL_RANK=0) and its half of
+    the batch, give the loss and every gradient of one process on the joined batch."""
+    worker, out = str(REPO / "tests" / "multinode_worker.py"), str(tmp_path / "result")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, worker, str(tiny_bert), "single", f"{out}-single"], check=True, timeout=300,
+                   env=env)
+    port = str(free_port())
+    nodes = [subprocess.Popen([sys.executable, worker, str(tiny_bert), "node", f"{out}-nodes"],
+                              env={**env, "NODE_RANK": str(node), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                                   "WORLD_SIZE": "2", "LOCAL_RANK": "0"}) for node in range(2)]
+    assert [process.wait(timeout=300) for process in nodes] == [0, 0]
+    single = torch.load(f"{out}-single.0")
+    for node in range(2):
+        got = torch.load(f"{out}-nodes.{node}")
+        torch.testing.assert_close(got["loss"], single["loss"], rtol=1e-10, atol=1e-12)
+        assert got["grads"].keys() == single["grads"].keys() and single["grads"]
+        for name, grad in single["grads"].items():
+            torch.testing.assert_close(got["grads"][name], grad, rtol=1e-8, atol=1e-12, msg=name)
