@@ -388,7 +388,7 @@ class Encoder:
         """Run the transformer once (or not at all when only word embeddings are needed)."""
         batch = batch.to(self.device)
         out = run_transformer(self.transformer, batch, needs, builder=builder, input_embedder=self.input_embedder,
-                              mlm_head=self.mlm_head)
+                              mlm_head=self.mlm_head, mask_only_when_padded=True)
         if needs.attentions and not out.attentions:
             raise ConfigError(
                 f"model {self.name_or_path!r} ({type(self.transformer).__name__}) returned no attention "
