@@ -4,6 +4,7 @@ final scoring on the training device, gradient caching under autocast, resuming 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import subprocess
@@ -15,6 +16,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from bench import gpu_validation
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules import base
@@ -397,3 +399,46 @@ def test_two_nodes_of_one_process_equal_one_process_on_the_joined_batch(tiny_ber
         assert got["grads"].keys() == single["grads"].keys() and single["grads"]
         for name, grad in single["grads"].items():
             torch.testing.assert_close(got["grads"][name], grad, rtol=1e-8, atol=1e-12, msg=name)
+
+
+# -- bench/gpu_validation.py on a machine without CUDA -----------------------------------------------------------
+
+
+def test_gpu_validation_refuses_the_cuda_parts_in_one_line_without_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without CUDA")
+    proc = subprocess.run([sys.executable, "bench/gpu_validation.py", "--parts", "pytest,throughput,quickstart",
+                           "--out", str(tmp_path / "report")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: pytest, throughput, quickstart need a CUDA GPU and this machine has none (torch.cuda.is_available() "
+        "is False); nothing else to run"]
+    assert not (tmp_path / "report").exists()  # refused before any work
+
+
+def test_gpu_validation_runs_the_rest_and_writes_one_report(tmp_path, monkeypatch, capsys):
+    """Without CUDA: the CUDA-only part is refused in one line, the suite part runs (its evaluate.py subprocess
+    stubbed here: the real one is the evaluation suite), one JSON and one markdown report."""
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without CUDA")
+    calls = []
+    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks: calls.append(tasks) or {
+        "command": "python evaluate.py ...", "exit_code": 0, "wall_s": 1.5, "tail": ["scores"]})
+    assert gpu_validation.main(["--parts", "quickstart,suite", "--suite-tasks", "STSBenchmark",
+                                "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: quickstart needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False); running "
+        "the rest"]
+    report = json.loads((tmp_path / "gpu_validation.json").read_text())
+    assert calls == ["STSBenchmark"] and report["device"] == "CPU (no CUDA)"
+    assert report["parts"]["quickstart"] == {"refused": "needs a CUDA GPU; this machine has none"}
+    assert report["parts"]["suite"]["wall_s"] == 1.5
+    text = (tmp_path / "gpu_validation.md").read_text()
+    assert text.startswith("# GPU validation: CPU (no CUDA)") and "refused: needs a CUDA GPU" in text
+
+
+def test_gpu_validation_knows_the_dense_bf16_peaks():
+    assert gpu_validation.dense_bf16_peak("NVIDIA H100 80GB HBM3") == 989.0
+    assert gpu_validation.dense_bf16_peak("NVIDIA H100 PCIe") == 756.0
+    assert gpu_validation.dense_bf16_peak("NVIDIA H200") == 989.0
+    assert gpu_validation.dense_bf16_peak("Some GPU") is None
