@@ -167,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     refused = [part for part in parts if part in CUDA_PARTS and not torch.cuda.is_available()]
     if refused:
-        print(f"error: {', '.join(refused)} need{'s' if len(refused) == 1 else ''} a CUDA GPU and this machine has none (torch.cuda.is_available() is "
-              "False); " + ("running the rest" if len(refused) < len(parts) else "nothing else to run"),
-              file=sys.stderr)
+        verb = "needs" if len(refused) == 1 else "need"
+        rest = "running the rest" if len(refused) < len(parts) else "nothing else to run"
+        print(f"error: {', '.join(refused)} {verb} a CUDA GPU and this machine has none (torch.cuda.is_available() is "
+              f"False); {rest}", file=sys.stderr)
         if len(refused) == len(parts):
             return 2
     args.out.mkdir(parents=True, exist_ok=True)
