@@ -3,15 +3,12 @@ bench/gpu_validation.py, whose report goes into docs/benchmarks.md."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from promptemb.training import rng_state
-from tests.test_gpu_path import assert_bf16_close, bf16_step
+from tests.test_gpu_path import assert_bf16_close, bf16_step, devices_final_scoring_ran_on
 from tests.test_grad_cache import SENTENCES, TRIPLETS, assert_same, chunked_with_graph, loss_and_grads
 from tests.test_sharded_evaluation import test_two_ranks_encode_and_score_exactly_like_one_process
 
@@ -50,14 +47,8 @@ def test_sharded_dev_evaluation_equals_one_process_on_cuda(tiny_bert, real_data_
 
 def test_final_scoring_runs_on_the_gpu(tiny_bert, tmp_path, monkeypatch):
     module = PromptBERTUnsup(str(tiny_bert)).cpu()  # where Strategy.teardown() leaves it
-    callback = STSEvaluationCallback(output_dir=str(tmp_path), final_tasks=["STSBenchmark"])
-    seen = []
-    monkeypatch.setattr(callback, "_score_final", lambda trainer, scored, checkpoint: seen.append(scored.device))
-    trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(best_model_path="", best_model_score=None),
-                              interrupted=False, is_global_zero=True, loggers=[], global_step=1,
-                              strategy=SimpleNamespace(root_device=CUDA))
-    callback.on_fit_end(trainer, module)
-    assert seen == [CUDA] and module.device.type == "cpu"
+    assert devices_final_scoring_ran_on(module, CUDA, tmp_path, monkeypatch) == [CUDA]
+    assert module.device.type == "cpu"
 
 
 def test_resume_on_the_same_device_count_continues_the_cuda_generator():

@@ -54,19 +54,25 @@ class EmulatedAcceleratorModule(pl.LightningModule):
         return self.to("cpu")
 
 
-def test_final_scoring_runs_on_the_training_device_not_where_teardown_left_the_module(tmp_path, monkeypatch):
-    """Lightning's Strategy.teardown() moves the module to the CPU before on_fit_end: the final scoring must move it
-    back to the strategy's root device (emulated: a module whose moves are recorded), then return it to the CPU."""
-    module = EmulatedAcceleratorModule()
-    module.cpu()  # what Strategy.teardown() does before on_fit_end
+def devices_final_scoring_ran_on(module, root_device, tmp_path, monkeypatch) -> list[torch.device]:
+    """Run STSEvaluationCallback.on_fit_end for a trainer whose strategy trains on `root_device` (no checkpoint
+    selected); the device(s) the module was on when the final scoring ran."""
     callback = STSEvaluationCallback(output_dir=str(tmp_path), final_tasks=["STSBenchmark"])
     scored_on = []
     monkeypatch.setattr(callback, "_score_final", lambda trainer, scored, checkpoint: scored_on.append(scored.device))
     trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(best_model_path="", best_model_score=None),
                               interrupted=False, is_global_zero=True, loggers=[], global_step=3,
-                              strategy=SimpleNamespace(root_device=ACCELERATOR))
+                              strategy=SimpleNamespace(root_device=root_device))
     callback.on_fit_end(trainer, module)
-    assert scored_on == [ACCELERATOR]
+    return scored_on
+
+
+def test_final_scoring_runs_on_the_training_device_not_where_teardown_left_the_module(tmp_path, monkeypatch):
+    """Lightning's Strategy.teardown() moves the module to the CPU before on_fit_end: the final scoring must move it
+    back to the strategy's root device (emulated: a module whose moves are recorded), then return it to the CPU."""
+    module = EmulatedAcceleratorModule()
+    module.cpu()  # what Strategy.teardown() does before on_fit_end
+    assert devices_final_scoring_ran_on(module, ACCELERATOR, tmp_path, monkeypatch) == [ACCELERATOR]
     assert module.device == torch.device("cpu")  # handed back where teardown left it
 
 
