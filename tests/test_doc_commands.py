@@ -57,7 +57,7 @@ SYNOPSES = {
         "--output suite.json",
 }
 #: train.py / train_throughput.py: what needs a GPU, bert-base, a download or W&B online -> composed only.
-COMPOSE_ONLY = re.compile(r"trainer=(gpu|ddp)\b|experiment=(promptbert_unsup|promptbert_sup|optiprompt|prompteol_sup)\b|"
+COMPOSE_ONLY = re.compile(r"trainer=(gpu|ddp)\b|experiment=(promptbert_unsup|promptbert_sup|optiprompt)\b|"
                           r"backbone=(bert_base|roberta_base)\b|trainer\.precision=bf16")
 #: A shortened CPU run of train.py: tiny model, 2 steps, dev scoring at 0 and 2, the final table on one task.
 TRAIN_SHORT = {"backbone.name_or_path": "{tiny}", "trainer.max_steps": "2", "eval_every_n_steps": "2",

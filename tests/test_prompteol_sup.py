@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.instantiate import build
+from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.lightning_modules.prompteol import (
     ADAPTER_RECORD,
     PromptEOLSup,
@@ -102,6 +103,14 @@ def test_reload_gives_equal_embeddings_and_refuses_another_base(trained, tmp_pat
     with pytest.raises(DataError) as caught:
         load_adapter_checkpoint(path, base_model=str(other))
     assert "\n" not in str(caught.value) and "base weights sha256" in str(caught.value)
+
+
+@needs_data
+def test_encoder_checkpoint_loader_points_to_the_adapter_loader(trained):
+    _, _, path = trained
+    with pytest.raises(DataError) as caught:
+        load_module_checkpoint(path)
+    assert "\n" not in str(caught.value) and "load_adapter_checkpoint" in str(caught.value)
 
 
 @needs_data
