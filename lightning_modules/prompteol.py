@@ -25,6 +25,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from promptemb.common.errors import ConfigError, DataError
+from promptemb.common.optional import require
 from promptemb.encoder.decoder import DecoderInputBuilder, check_last_token_template, is_causal_lm, run_decoder
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.model import DTYPES, Encoder, check_quantization, load_pretrained, quantization_kwargs
@@ -86,12 +87,13 @@ class PromptEOLSup(PromptContrastiveModule):
         base_weights_sha256: str | None = None,
     ):
         # The encoder recipes' constructor loads a masked LM and requires [MASK]; a decoder is loaded here instead
-        # and the attributes the shared training step reads are set the same way.
-        # (Lightning's automatic collection needs the encoder constructor's frame: the arguments are passed here)
+        # and the attributes the shared training step reads are set the same way. save_hyperparameters() finds
+        # arguments only through a chain of super().__init__ calls, which this skips: they are passed explicitly.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "optimizer", "scheduler",
                                                                       "base_weights_sha256", "__class__")}
         pl.LightningModule.__init__(self)
         check_quantization(quantization)  # QLoRA without CUDA / bitsandbytes: one line, before any loading
+        peft = require("peft", "LoRA fine-tuning (model=prompteol_sup)")
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
         if lora_r < 1:
@@ -119,7 +121,9 @@ class PromptEOLSup(PromptContrastiveModule):
             raise DataError(f"the adapter was trained on base weights sha256 {base_weights_sha256[:12]}…, but "
                             f"{model_name_or_path!r} has {self.base_weights_sha256[:12]}…; pass base_model= the "
                             "model it was trained from")
-        self.transformer = self._with_adapter(model, quantization, gradient_checkpointing)
+        self.transformer = self._with_adapter(peft, model, quantization, gradient_checkpointing)
+        # sentences are cut to max_sentence_tokens anyway; 512 bounds template + sentence whatever the tokenizer's
+        # model_max_length says (often unset: 1e30)
         self.max_length = max_length or min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512)
         self.builders = [DecoderInputBuilder(self.tokenizer, InputForm(self.templates[0], sentence_rule,
                                                                        max_sentence_tokens),
@@ -128,19 +132,17 @@ class PromptEOLSup(PromptContrastiveModule):
         self.input_embedder = None
         self.template_bias_cache = None
 
-    def _with_adapter(self, model: torch.nn.Module, quantization: str | None, gradient_checkpointing: bool):
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
+    def _with_adapter(self, peft, model: torch.nn.Module, quantization: str | None, gradient_checkpointing: bool):
         hp = self.hparams
         if quantization is not None:  # what the official QLoRA path does before adding adapters
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
+            model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
         elif gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()
-        config = LoraConfig(r=hp.lora_r, lora_alpha=hp.lora_alpha, lora_dropout=hp.lora_dropout, bias="none",
+        config = peft.LoraConfig(r=hp.lora_r, lora_alpha=hp.lora_alpha, lora_dropout=hp.lora_dropout, bias="none",
                             target_modules=list(hp.lora_target_modules))
         try:
-            wrapped = get_peft_model(model, config)
+            wrapped = peft.get_peft_model(model, config)
         except ValueError as err:  # target modules the model does not have
             raise ConfigError(f"LoRA cannot wrap {type(model).__name__}: {str(err).splitlines()[0][:200]}; set "
                               "model.lora_target_modules to its attention projections") from None
