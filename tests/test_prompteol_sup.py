@@ -106,6 +106,19 @@ def test_reload_gives_equal_embeddings_and_refuses_another_base(trained, tmp_pat
 
 
 @needs_data
+def test_training_resumes_from_an_adapter_only_checkpoint(trained, tiny_llama):
+    _, _, path = trained
+    cfg = quickstart_config(tiny_llama)
+    resumed = build(cfg.model, optimizer=build(cfg.optimizer), scheduler=build(cfg.scheduler))
+    trainer = pl.Trainer(accelerator="cpu", max_steps=14, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(resumed, datamodule=build(cfg.data), ckpt_path=str(path))
+    assert trainer.global_step == 14
+    with pytest.raises(RuntimeError, match="16 missing"):  # an empty state dict misses every adapter weight
+        resumed.load_state_dict({})
+
+
+@needs_data
 def test_encoder_checkpoint_loader_points_to_the_adapter_loader(trained):
     _, _, path = trained
     with pytest.raises(DataError) as caught:
