@@ -63,7 +63,7 @@ def main() -> None:
     print(f"sentence-transformers encode       {n / theirs_s:8.1f} sentences/s  ({theirs_s:.2f} s)")
     # The MiniLM sentence-transformers pipeline ends with a Normalize module; compare unit vectors.
     diff = np.abs(ours / np.linalg.norm(ours, axis=1, keepdims=True) - theirs).max()
-    print(f"speed-up {theirs_s / ours_s:.2f}x (goal >= 1.2x); max abs diff of unit embeddings {diff:.2e}")
+    print(f"speed-up {theirs_s / ours_s:.2f}x (goal >= 1.5x); max abs diff of unit embeddings {diff:.2e}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@
   written as results.json, results.md and results.png, plus the dev curve (curve.json / curve.png).
 Under DDP the dev evaluation is spread over all ranks (`shard_evaluation`: each encodes a share of the batches,
 all exchange embeddings and score; the numbers equal one process's) and rank 0's numbers are broadcast; the final
-scoring runs on rank 0 alone. Only rank 0 writes files.
+scoring runs on rank 0 alone, on its training device. Only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -228,17 +228,22 @@ class STSEvaluationCallback(pl.Callback):
         if not self.score_best_at_end or trainer.interrupted or not trainer.is_global_zero:
             return
         checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
-        if not checkpoint:
-            self._score_final(trainer, module, checkpoint)
-            return
+        # Lightning's Strategy.teardown() has moved the module to the CPU before this hook: scoring there would turn
+        # a GPU run's seconds of final scoring into many minutes. Score on the training device, then hand the module
+        # back where teardown left it (freeing the accelerator as Lightning intends).
+        left_on = module.device
         # the live weights (the final step's) are put back after scoring: whoever holds the module after fit (the
         # caller of train(), an export, a notebook) gets the model that was trained, not silently the best one
-        live = {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
-        module.load_state_dict(load_memory_mapped(Path(checkpoint))["state_dict"])  # weights_only=True
+        live = {name: tensor.detach().clone() for name, tensor in module.state_dict().items()} if checkpoint else None
+        module.to(trainer.strategy.root_device)
         try:
+            if checkpoint:
+                module.load_state_dict(load_memory_mapped(Path(checkpoint))["state_dict"])  # weights_only=True
             self._score_final(trainer, module, checkpoint)
         finally:
-            module.load_state_dict(live)
+            if live is not None:
+                module.load_state_dict(live)
+            module.to(left_on)
 
     def _score_final(self, trainer, module, checkpoint: str) -> None:
         """The 7-task table of the weights `module` holds now (those of `checkpoint`, when one was selected)."""

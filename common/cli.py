@@ -1,7 +1,7 @@
-"""What train.py and evaluate.py check on their command line before Hydra composes it. Nothing is rewritten: a
-mistake Hydra would answer with a multi-line traceback (an override key of the earlier config layout, a template
-quoted for the shell but not for Hydra, an unknown experiment or key, a run folder that cannot be created) is one
-`error:` line here instead."""
+"""What every entry point (train.py, evaluate.py, promptemb-encode, export.py) checks on its command line before
+Hydra composes it. Nothing is rewritten: a mistake Hydra would answer with a multi-line traceback or block (an
+override key of the earlier config layout, a template quoted for the shell but not for Hydra, an unknown key or
+group option, a run folder that cannot be created) is one `error:` line here instead, with the closest valid name."""
 
 from __future__ import annotations
 

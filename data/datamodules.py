@@ -66,8 +66,9 @@ class _StringDataModule(pl.LightningDataModule):
                  group_by_length: bool = False, distinct_in_batch: bool = False, verify_cache: bool = False):
         """`num_workers`/`pin_memory` `auto`: 4 workers (persistent) and pinned memory when the trainer runs on an
         accelerator, 0 and off on a CPU. `tokenize_processes`: processes for pre-tokenizing a large corpus (default:
-        every core). `group_by_length`, `distinct_in_batch`: see `promptemb.data.sampling`. `verify_cache`: hash the
-        pre-tokenized cache in full when opening it, however large (smaller ones always are)."""
+        every core, in the one process per node that prepares the data). `group_by_length`, `distinct_in_batch`: see
+        `promptemb.data.sampling`. `verify_cache`: hash the pre-tokenized cache in full when opening it, however
+        large (smaller ones always are)."""
         super().__init__()
         self.batch_size = batch_size
         self.seed = seed
@@ -121,11 +122,24 @@ class _StringDataModule(pl.LightningDataModule):
     def sentences_of(self, example) -> tuple[str, ...]:
         raise NotImplementedError
 
-    def setup(self, stage: str | None = None) -> None:
+    def prepare_data(self) -> None:
+        """Lightning runs this in one process per node (local rank 0) while the other ranks wait at a barrier: the
+        download and the pre-tokenizing pass happen once, with every core, and each rank's `setup` then reads the
+        cached table."""
+        self.setup("fit", processes=self.tokenize_processes or os.cpu_count())
+
+    def setup(self, stage: str | None = None, processes: int | None = None) -> None:
         if not self.examples:
             self.examples = self._filtered_examples()
         if self.dataset is None:
-            self._prepare_dataset()
+            self._prepare_dataset(processes or self._tokenize_processes_per_rank())
+
+    def _tokenize_processes_per_rank(self) -> int:
+        """Should a rank have to pre-tokenize itself (no shared cache), the node's cores divided among its ranks."""
+        if self.tokenize_processes:
+            return self.tokenize_processes
+        ranks_on_node = self.trainer.num_devices if self.trainer is not None else 1
+        return max(1, (os.cpu_count() or 1) // max(1, ranks_on_node))
 
     def _filtered_examples(self) -> list:
         examples = self.load()
@@ -143,14 +157,14 @@ class _StringDataModule(pl.LightningDataModule):
                  self.dropped_held_out)
         return examples
 
-    def _prepare_dataset(self) -> None:
+    def _prepare_dataset(self, processes: int) -> None:
         self.dataset, self.collate = self.examples, _keep_batch
         module = self.trainer.lightning_module if self.trainer is not None else None
         if self.tokenization is None and hasattr(module, "sentence_tokenization"):
             self.tokenization = module.sentence_tokenization()
         if self.pretokenize and self.tokenization is not None:
-            table = pretokenized_corpus(self.examples, self.tokenization, self.cache_dir,
-                                        self.tokenize_processes or os.cpu_count(), verify=self.verify_cache)
+            table = pretokenized_corpus(self.examples, self.tokenization, self.cache_dir, processes,
+                                        verify=self.verify_cache)
             self.dataset, self.collate = PretokenizedExamples(table), pad_sentence_ids
             self.truncated_sentences = self.dataset.count_longer_than(self.tokenization.keep - 1)
             if self.truncated_sentences:

@@ -54,9 +54,10 @@ class SentenceTokenization:
 
     @classmethod
     def for_builders(cls, builders: Sequence[InputBuilder]) -> SentenceTokenization:
-        rules = {builder.form.sentence_rule for builder in builders}
+        rules = {(builder.form.sentence_rule, builder.sentence_leading_space) for builder in builders}
         if len(rules) != 1 or any(b.tokenizer is not builders[0].tokenizer for b in builders):
-            raise ValueError("pre-tokenized data needs one tokenizer and one sentence rule for every view")
+            raise ValueError("pre-tokenized data needs one tokenizer, one sentence rule and one spacing before the "
+                             "sentence for every view")
         return cls(builders[0], max(builder.max_sentence_tokens for builder in builders) + 1)
 
     def __call__(self, sentences: list[str]) -> list[list[int]]:
@@ -70,7 +71,9 @@ class SentenceTokenization:
         return {"format": FORMAT_VERSION, "tokenizer_class": type(tokenizer).__name__,
                 "tokenizer_sha256": hashlib.sha256(described.encode()).hexdigest(),
                 "sentence_rule": self.builder.form.sentence_rule if self.builder.form.template else "none",
-                "keep_tokens": self.keep}
+                "keep_tokens": self.keep,
+                # only when set, so caches of every other template keep their names
+                **({"sentence_leading_space": True} if self.builder.sentence_leading_space else {})}
 
 
 def corpus_sha256(examples: Sequence[str | Sequence[str]]) -> str:

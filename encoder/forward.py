@@ -69,8 +69,12 @@ def run_transformer(
     builder: InputBuilder | None = None,
     input_embedder: InputEmbedder | None = None,
     mlm_head: torch.nn.Module | None = None,
+    mask_only_when_padded: bool = False,
 ) -> EncoderOutput:
-    """One forward of `transformer` on `batch`, keeping what `needs` asks for (and the template bias if asked)."""
+    """One forward of `transformer` on `batch`, keeping what `needs` asks for (and the template bias if asked).
+    `mask_only_when_padded`: a batch without padding is run without an attention mask (the same attention; SDPA
+    then takes its unmasked kernels and the model builds no mask), at the price of one look at the mask: for
+    evaluation, whose length-sorted batches are mostly unpadded."""
     num_layers = int(transformer.config.num_hidden_layers)
     out = EncoderOutput(num_layers=num_layers, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                         roles=batch.roles, mask_token=batch.mask_token, mlm_head=mlm_head)
@@ -80,7 +84,8 @@ def run_transformer(
     layers = {normalize_layer(layer, num_layers) for layer in needs.layers}
     if not layers and not needs.attentions:
         return out
-    inputs = {"attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
+    unpadded = mask_only_when_padded and not needs.attentions and bool(batch.attention_mask.all())
+    inputs = {"attention_mask": None if unpadded else batch.attention_mask, "position_ids": batch.position_ids}
     if input_embedder is not None:
         inputs["inputs_embeds"] = input_embedder(batch, word_embeddings)
     else:

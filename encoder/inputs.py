@@ -58,8 +58,13 @@ class InputBuilder:
         self.form = form
         self.prefix_ids: list[int] = []
         self.suffix_ids: list[int] = []
+        # A space written between the prefix and [X] belongs to the sentence's first word: byte-level BPE (RoBERTa)
+        # makes it part of that token (`Ġword` instead of `word`, as kongds/Prompt-BERT's evaluation tokenizes the
+        # filled template), WordPiece ignores it. So it is moved from the prefix to the front of each sentence.
+        self.sentence_leading_space = False
         if form.template is not None:
-            self.prefix_ids = self._tokenize_template_piece(form.template.prefix)
+            self.sentence_leading_space = form.template.prefix[-1:].isspace()
+            self.prefix_ids = self._tokenize_template_piece(form.template.prefix.rstrip())
             self.suffix_ids = self._tokenize_template_piece(form.template.suffix)
         room = max_length - 2 - len(self.prefix_ids) - len(self.suffix_ids)
         if room < 1:
@@ -96,6 +101,8 @@ class InputBuilder:
         tokens, NOT truncated. `build_from_ids` turns these into the full inputs; datasets store them pre-tokenized."""
         if self.form.template is not None:
             sentences = [apply_sentence_rule(sentence, self.form.sentence_rule) for sentence in sentences]
+        if self.sentence_leading_space:
+            sentences = [" " + sentence for sentence in sentences]
         # verbose=False: transformers would warn that the untruncated ids exceed the model's length, but only the
         # sentence is cut below (never the template), and the cuts are counted (`truncated`) and reported per task
         return self.tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]

@@ -476,7 +476,8 @@ class Encoder:
             out = run_decoder(self.transformer, batch, needs, builder.form if builder is not None else InputForm())
         else:
             out = run_transformer(self.transformer, batch, needs, builder=builder,
-                                  input_embedder=self.input_embedder, mlm_head=self.mlm_head)
+                                  input_embedder=self.input_embedder, mlm_head=self.mlm_head,
+                                  mask_only_when_padded=True)
         if needs.attentions and not out.attentions:
             raise ConfigError(
                 f"model {self.name_or_path!r} ({type(self.transformer).__name__}) returned no attention "

@@ -10,6 +10,9 @@ def describe_pooler(record: dict) -> str:
     if pooler["name"] == "avg":
         return f"`avg`: mean of layer {pooler['layer']} over all tokens of the templated input (template included)"
     text = f"`mask`: layer {pooler['layer']} state at the template's [MASK]"
+    if pooler["head"] and pooler["head"].get("after_denoise"):
+        return text + (", minus the template bias (template denoising: the [MASK] state of the template alone with "
+                       "positions shifted by the sentence length), through the trained head tanh(W x + b)")
     if pooler["head"]:
         text += ", through the trained MLM-transform head (dense + activation + LayerNorm)"
     if pooler["denoise"]:

@@ -54,6 +54,18 @@ class MLMTransformHead(nn.Module):
         return self.layer_norm(self.activation(self.dense(hidden)))
 
 
+class TanhMLPHead(nn.Module):
+    """h -> tanh(W h + b) (the supervised RoBERTa recipe's head, applied to the denoised state)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden):
+        return self.activation(self.dense(hidden))
+
+
 class PromptEncoderModule(InputModule):
     """Input module + encoder + pooler in one (the template bias needs the transformer inside the pooler)."""
 
@@ -72,9 +84,12 @@ class PromptEncoderModule(InputModule):
         pooler = record["pooler"]
         self.pooler_name, self.layer, self.denoise = pooler["name"], int(pooler["layer"]), bool(pooler["denoise"])
         hidden = self.model.config.hidden_size
-        self.head = None
+        self.head, self.head_after_denoise = None, False
         if pooler.get("head") and self.pooler_name == "mask":
-            self.head = MLMTransformHead(hidden, pooler["head"]["activation"], pooler["head"]["layer_norm_eps"])
+            if pooler["head"].get("type") == "tanh_mlp":
+                self.head, self.head_after_denoise = TanhMLPHead(hidden), bool(pooler["head"].get("after_denoise"))
+            else:
+                self.head = MLMTransformHead(hidden, pooler["head"]["activation"], pooler["head"]["layer_norm_eps"])
             self.head.load_state_dict(load_file(os.path.join(model_dir, pooler["head"]["file"])))
         self.soft_vectors = None
         if record.get("soft_template"):
@@ -116,6 +131,8 @@ class PromptEncoderModule(InputModule):
     def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
         texts = [prompt + text if prompt else text for text in inputs]
         texts = [apply_sentence_rule(text, self.record["sentence_rule"]) for text in texts]
+        if self.record.get("sentence_leading_space"):  # the template's space before [X] (encoder/inputs.py)
+            texts = [" " + text for text in texts]
         sentence_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         cls_id, sep_id, pad_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id
         rows = [[cls_id, *self.prefix_ids, *ids[: self.max_sentence_tokens], *self.suffix_ids, sep_id]
@@ -187,10 +204,12 @@ class PromptEncoderModule(InputModule):
             embedding = self.masked_mean(states, attention_mask)
         else:
             embedding = self.masked_mean(states, template & (input_ids == self.tokenizer.mask_token_id))
-            if self.head is not None:
-                embedding = self.head(embedding)
-            if self.denoise:
-                bias = self.template_bias(lengths)
-                embedding = embedding - (self.head(bias) if self.head is not None else bias)
+            head = self.head if self.head is not None else nn.Identity()
+            if not self.denoise:
+                embedding = head(embedding)
+            elif self.head_after_denoise:
+                embedding = head(embedding - self.template_bias(lengths))
+            else:
+                embedding = head(embedding) - head(self.template_bias(lengths))
         features.update(token_embeddings=states, sentence_embedding=embedding)
         return features

@@ -20,7 +20,7 @@ from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.model import Encoder, resolve_device
 from promptemb.encoder.template import Template
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint, sha256_file
-from promptemb.lightning_modules.heads import MLMTransformHead
+from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
 from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.mask import MaskPooler
@@ -88,6 +88,7 @@ class PromptEncoder:
         layer: int = -1,
         denoise: bool = False,
         head: torch.nn.Module | None = None,
+        head_after_denoise: bool = False,
         soft_template: SoftTemplate | None = None,
         max_length: int | None = None,
         max_sentence_tokens: int | None = None,
@@ -100,6 +101,7 @@ class PromptEncoder:
         self.sentence_rule = sentence_rule
         self.pooler_name = pooler
         self.layer, self.denoise, self.head = layer, bool(denoise) and pooler == "mask", head
+        self.head_after_denoise = head_after_denoise
         self.soft_template = soft_template
         self.source = dict(source or {})
         self.encoder = Encoder.from_model(transformer, tokenizer, name=self.source.get("base_model", "exported"),
@@ -107,7 +109,8 @@ class PromptEncoder:
         self.builder = self.encoder.input_builder(InputForm(self.template, sentence_rule, max_sentence_tokens))
         self.max_sentence_tokens = self.builder.max_sentence_tokens
         if pooler == "mask":
-            self.pooler: Pooler = MaskPooler("mask", layer=layer, denoise=self.denoise, head=head)
+            self.pooler: Pooler = MaskPooler("mask", layer=layer, denoise=self.denoise, head=head,
+                                             head_after_denoise=head_after_denoise)
         else:
             self.pooler = MeanPooler("avg", layers=(layer,), templated=True)
         self.encoder.check_poolers([self.pooler], self.template)
@@ -195,6 +198,7 @@ class PromptEncoder:
             "sentence_rule": self.sentence_rule,
             "prefix_ids": list(self.builder.prefix_ids),
             "suffix_ids": list(self.builder.suffix_ids),
+            "sentence_leading_space": self.builder.sentence_leading_space,
             "max_length": self.encoder.max_length,
             "max_sentence_tokens": self.max_sentence_tokens,
             "pooler": {
@@ -203,6 +207,8 @@ class PromptEncoder:
                 "layers": [self.layer],
                 "denoise": self.denoise,
                 "head": None if self.head is None else {
+                    "type": "tanh_mlp", "file": HEAD_FILE, "after_denoise": self.head_after_denoise,
+                } if isinstance(self.head, MLPHead) else {
                     "type": "mlm_transform", "file": HEAD_FILE,
                     "activation": getattr(config, "hidden_act", "gelu"),
                     "layer_norm_eps": float(getattr(config, "layer_norm_eps", 1e-12)),
@@ -228,7 +234,8 @@ class PromptEncoder:
             module.transformer, module.tokenizer,
             template=module.eval_template.text, sentence_rule=module.hparams.sentence_rule, pooler=name,
             layer=primary.layer, denoise=primary.denoise if denoise is None else denoise,
-            head=primary.head if name == "mask" else None, soft_template=getattr(module, "soft_template", None),
+            head=primary.head if name == "mask" else None, head_after_denoise=primary.head_after_denoise,
+            soft_template=getattr(module, "soft_template", None),
             max_length=module.max_length, max_sentence_tokens=None, batch_size=batch_size,
             source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
                     "base_model": module.hparams.model_name_or_path, **(source or {})},
@@ -253,13 +260,21 @@ class PromptEncoder:
         device = resolve_device(device)
         record = read_export_record(directory)
         verification = verify_export_weights(directory, record, verify_weights)
-        transformer = AutoModel.from_pretrained(directory).to(device).eval()
+        try:
+            transformer = AutoModel.from_pretrained(directory).to(device).eval()
+        except Exception as err:  # unverified weights (or none recorded) that do not even load: safetensors/torch
+            raise DataError(f"{directory}: the model weights do not load ({type(err).__name__}: "
+                            f"{(str(err).splitlines() or [''])[0]}); re-export the checkpoint") from None
         tokenizer = AutoTokenizer.from_pretrained(directory)
         spec = record["pooler"]
-        head = None
+        head, head_after_denoise = None, False
         if spec.get("head") and (pooler or spec["name"]) == "mask":
-            head = MLMTransformHead(transformer.config.hidden_size, spec["head"]["activation"],
-                                    spec["head"]["layer_norm_eps"])
+            if spec["head"].get("type") == "tanh_mlp":
+                head = MLPHead(transformer.config.hidden_size)
+                head_after_denoise = bool(spec["head"].get("after_denoise"))
+            else:
+                head = MLMTransformHead(transformer.config.hidden_size, spec["head"]["activation"],
+                                        spec["head"]["layer_norm_eps"])
             head.load_state_dict(load_file(directory / spec["head"]["file"]))
             head.to(device).eval()
         soft = None
@@ -270,6 +285,7 @@ class PromptEncoder:
             soft.to(device).eval()
         encoder = cls(transformer, tokenizer, template=record["template"], sentence_rule=record["sentence_rule"],
                       pooler=pooler or spec["name"], layer=spec["layer"], denoise=spec["denoise"], head=head,
+                      head_after_denoise=head_after_denoise,
                       soft_template=soft, max_length=record["max_length"],
                       max_sentence_tokens=record["max_sentence_tokens"], batch_size=batch_size,
                       source={**record.get("source", {}), "export_dir": str(directory.resolve()), **verification})

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.enums import GradClipAlgorithmType
 from torch.optim.lr_scheduler import LRScheduler
 
 from promptemb.common.errors import ConfigError, DivergenceError
@@ -22,7 +23,7 @@ from promptemb.encoder.forward import concat_batches, max_input_length, run_tran
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
 from promptemb.encoder.model import Encoder, load_pretrained
 from promptemb.encoder.template import Template
-from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache
+from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache, check_grad_cache_precision
 from promptemb.lightning_modules.losses import info_nce, world_size
 from promptemb.lightning_modules.schedules import linear_warmup_decay
 from promptemb.poolers.base import Pooler
@@ -51,6 +52,16 @@ def mlm_transform_state(model: torch.nn.Module, loading_info: dict) -> dict[str,
         return {f"{name}.{key}": tensor.detach().clone()
                 for name, part in parts.items() for key, tensor in part.state_dict().items()}
     return None
+
+
+def optimizer_options(factory: Callable, device: torch.device) -> dict:
+    """Extra options for the optimiser on `device`: fused AdamW on CUDA (one kernel per step instead of several per
+    parameter tensor; same update), unless the config chose an implementation."""
+    keywords = getattr(factory, "keywords", {})
+    if device.type == "cuda" and getattr(factory, "func", factory) is torch.optim.AdamW and not (
+            {"fused", "foreach"} & set(keywords)):
+        return {"fused": True}
+    return {}
 
 
 class NonFiniteLossError(DivergenceError):
@@ -118,6 +129,9 @@ class PromptContrastiveModule(pl.LightningModule):
                 self.transformer.activation_checkpointing_enable(options)
             else:
                 self.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+    def setup(self, stage: str) -> None:
+        check_grad_cache_precision(self.trainer.precision, self.hparams.grad_cache_chunk_size)  # before any step
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Lightning records no class; export and `load_module_checkpoint` rebuild the module from this.
@@ -213,10 +227,21 @@ class PromptContrastiveModule(pl.LightningModule):
         # so scaling by the world size gives exactly the single-process gradient of the joined batch.
         return to_backward(loss * world_size())
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """`trainer.gradient_clip_val` clips what the reference recipes (Hugging Face Trainer, `max_grad_norm`)
+        clipped: under DDP they clip the mean of the per-rank gradients, the full-batch gradient divided by the
+        world size, while the gradient here is the full-batch one itself (`training_step` scales the loss by the
+        world size). The threshold is scaled by the world size, so the same steps are clipped by the same factor
+        (AdamW does not see the gradient's overall scale); one process: unchanged."""
+        if not gradient_clip_val:
+            return
+        algorithm = GradClipAlgorithmType((gradient_clip_algorithm or "norm").lower())
+        self.trainer.precision_plugin.clip_gradients(optimizer, gradient_clip_val * world_size(), algorithm)
+
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
             raise ConfigError(f"{type(self).__name__} has no trainable parameters")
-        optimizer = self.optimizer_factory(params)
+        optimizer = self.optimizer_factory(params, **optimizer_options(self.optimizer_factory, self.device))
         scheduler = self.scheduler_factory(optimizer, max(1, int(self.trainer.estimated_stepping_batches)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -3,7 +3,8 @@
 InfoNCE couples every row of the batch, so its batch cannot simply be split into accumulation steps. Gradient
 caching gets the exact full-batch gradient with the activation memory of one chunk:
 
-1. pass 1: embed the batch chunk by chunk without a graph, saving the RNG state before each chunk;
+1. pass 1: embed the batch chunk by chunk without a graph (and without autocast's weight cache, which a no-grad
+   forward must not seed), saving the RNG state before each chunk;
 2. compute the full-batch InfoNCE on those embeddings (DDP: gathered over ranks as usual) and its gradient
    d loss / d embedding, which needs no encoder graph;
 3. pass 2: re-run each chunk with a graph, replaying its saved RNG state so dropout draws the same masks, and
@@ -28,11 +29,12 @@ parameter once), gradient clipping, the optimiser and LR-schedule steps all run 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules.losses import info_nce
 
 BiasCompute = Callable[[list, list[torch.Tensor]], list[dict[int, torch.Tensor]]]
@@ -56,6 +58,34 @@ class RngState:
         torch.set_rng_state(self.cpu)
         if self.accelerator is not None:
             torch.cuda.set_rng_state(self.accelerator, self.device)
+
+
+@contextlib.contextmanager
+def autocast_weight_cache_disabled() -> Iterator[None]:
+    """Autocast without its weight cache, for pass 1's no-grad chunks. Autocast keeps the low-precision copy of each
+    fp32 weight for the whole region (Lightning's, around the training step); on torch releases before
+    pytorch#165068 a copy first made under no_grad was cached without gradient history and reused by the
+    grad-enabled forwards that follow (pass 1's last chunk, pass 2), so most parameters silently got no gradient
+    (pytorch#112583). Outside autocast this changes nothing."""
+    enabled = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(enabled)
+
+
+#: Lightning precisions that train with a GradScaler (fp16 mixed precision).
+SCALED_PRECISIONS = ("16-mixed", "16", 16)
+
+
+def check_grad_cache_precision(precision, chunk_size: int | None) -> None:
+    """Gradient caching back-propagates each chunk's cached embedding gradient itself, in pass 2: fp16 activations
+    would carry gradients the GradScaler never scaled (small ones underflow to zero). Refused; bf16 needs no scaler."""
+    if chunk_size and precision in SCALED_PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision} cannot train with model.grad_cache_chunk_size={chunk_size}: "
+                          "pass 2 of gradient caching back-propagates gradients fp16's GradScaler never scales; "
+                          "use trainer.precision=bf16-mixed (or 32-true)")
 
 
 def split_batch(batch, size: int) -> list:
@@ -171,7 +201,7 @@ class GradCache:
                     self.chunk_rng.append(RngState.capture(module.device))
                     self.cache.start_chunk(index)
                     last = index == len(self.chunks) - 1
-                    with torch.enable_grad() if last else contextlib.nullcontext():
+                    with torch.enable_grad() if last else autocast_weight_cache_disabled():
                         views.append(module.contrastive_views(chunk))
         finally:
             module.template_bias_cache = None

@@ -7,12 +7,18 @@ from transformers.activations import ACT2FN
 
 
 class MLPHead(nn.Module):
-    """h -> tanh(W h + b): SimCSE/PromptBERT's unsupervised head, used in training only."""
+    """h -> tanh(W h + b): SimCSE/PromptBERT's unsupervised head (training only), and the head of the reference's
+    supervised RoBERTa recipe (applied to the denoised state, in training and evaluation). `init_std`: W drawn as
+    the reference's `init_weights` draws it (normal, the model's initializer_range; b = 0) instead of torch's
+    default."""
 
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, init_std: float | None = None):
         super().__init__()
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.activation = nn.Tanh()
+        if init_std is not None:
+            nn.init.normal_(self.dense.weight, mean=0.0, std=init_std)
+            nn.init.zeros_(self.dense.bias)
 
     def forward(self, hidden):
         return self.activation(self.dense(hidden))

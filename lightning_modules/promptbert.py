@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from promptemb.common.errors import ConfigError
+from promptemb.common.validation import register_choices
 from promptemb.lightning_modules.base import PromptContrastiveModule
 from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
 from promptemb.poolers import build_pooler
@@ -33,19 +35,35 @@ class PromptBERTUnsup(PromptContrastiveModule):
         return [MaskPooler("mask"), build_pooler("avg")]
 
 
-class PromptBERTSup(PromptContrastiveModule):
-    """NLI triplets (sentence, entailment, contradiction), one template for all three; representation =
-    g(h_[MASK]) − g(bias) with g the MLM head's transform (dense + GELU + LayerNorm) initialised from the checkpoint's
-    MLM head when it has one; denoised in training AND evaluation; contradictions are extra InfoNCE columns."""
+#: PromptBERTSup's heads: `mlm_transform` = the BERT recipe's g(h) − g(δ), g the MLM head's transform;
+#: `tanh_mlp` = the reference's RoBERTa recipe, tanh(W(h − δ) + b) randomly initialised.
+SUPERVISED_HEADS = ("mlm_transform", "tanh_mlp")
+register_choices("head_type", SUPERVISED_HEADS)
 
-    def __init__(self, model_name_or_path: str, templates: list[str] = BERT_TEMPLATES[1:], **kwargs):
-        kwargs.setdefault("load_mlm_head", True)
+
+class PromptBERTSup(PromptContrastiveModule):
+    """NLI triplets (sentence, entailment, contradiction), one template for all three; denoised in training AND
+    evaluation; contradictions are extra InfoNCE columns. Representation (`head_type`): `mlm_transform`, g(h_[MASK]) −
+    g(bias) with g the MLM head's transform (dense + GELU + LayerNorm) initialised from the checkpoint's MLM head
+    when it has one (kongds/Prompt-BERT's BERT recipe); `tanh_mlp`, tanh(W(h_[MASK] − bias) + b) with W, b
+    initialised as the reference does (its supervised RoBERTa recipe, whose evaluation applies the trained head
+    too)."""
+
+    def __init__(self, model_name_or_path: str, templates: list[str] = BERT_TEMPLATES[1:],
+                 head_type: str = "mlm_transform", **kwargs):
+        if head_type not in SUPERVISED_HEADS:
+            raise ConfigError(f"unknown head_type {head_type!r}; valid: {', '.join(SUPERVISED_HEADS)}")
+        kwargs.setdefault("load_mlm_head", head_type == "mlm_transform")
         super().__init__(model_name_or_path, list(templates), **kwargs)
         config = self.transformer.config
-        self.head = MLMTransformHead(config.hidden_size, getattr(config, "hidden_act", "gelu"),
-                                     getattr(config, "layer_norm_eps", 1e-12))
-        self.head_initialised_from_checkpoint = self._init_head_from_checkpoint()
-        self.pooler = MaskPooler("mask", denoise=True, head=self.head)
+        if head_type == "tanh_mlp":
+            self.head = MLPHead(config.hidden_size, init_std=getattr(config, "initializer_range", 0.02))
+            self.head_initialised_from_checkpoint = False
+        else:
+            self.head = MLMTransformHead(config.hidden_size, getattr(config, "hidden_act", "gelu"),
+                                         getattr(config, "layer_norm_eps", 1e-12))
+            self.head_initialised_from_checkpoint = self._init_head_from_checkpoint()
+        self.pooler = MaskPooler("mask", denoise=True, head=self.head, head_after_denoise=head_type == "tanh_mlp")
 
     def _init_head_from_checkpoint(self) -> bool:
         if self.mlm_transform_state is None:

@@ -56,16 +56,19 @@ def count(report: Path) -> dict[str, Counter]:
     return counts
 
 
-def kill_loop_row(summary_path: Path) -> str | None:
+def kill_loop_row(summary_path: Path) -> tuple[str, Counter] | None:
+    """The table row of a kill -9 loop and its counts: a kill is survived when last.ckpt loads after it and the
+    next run left no orphan file."""
     if not summary_path.is_file():
         return None
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
     survived = summary["loadable_last_ckpt"] if not summary["orphans_after_final_resume"] else 0
     place = "another" if summary["tmpdir_on_another_filesystem"] else "the same"
-    return (f"| kill -9 during writes of last.ckpt ($TMPDIR on {place} filesystem; "
-            f"{summary['killed_during_write']} of {summary['kills']} kills landed mid-write; "
-            f"{len(summary['orphans_after_final_resume'])} orphan files after the next run) "
-            f"| {summary['kills']} | {survived} |")
+    row = (f"| kill -9 during writes of last.ckpt (`scripts/checkpoint_kill_loop.py`, $TMPDIR on {place} filesystem; "
+           f"{summary['killed_during_write']} of {summary['kills']} kills landed mid-write; "
+           f"{len(summary['orphans_after_final_resume'])} orphan files after the next run) "
+           f"| {summary['kills']} | {survived} |")
+    return row, Counter(injected=summary["kills"], survived=survived)
 
 
 def main() -> int:
@@ -95,7 +98,8 @@ def main() -> int:
     for name, title in CLASSES.items():
         lines.append(f"| {title} (`tests/{name}.py`) | {counts[name]['injected']} | {counts[name]['survived']} |")
     if loop:
-        lines.append(loop)
+        lines.append(loop[0])
+        counts["kill_loop"] = loop[1]
     total = sum(c["injected"] for c in counts.values()), sum(c["survived"] for c in counts.values())
     lines += [f"| **all** | **{total[0]}** | **{total[1]}** |", ""]
     atomic_write_text(args.out, "\n".join(lines))

@@ -83,7 +83,7 @@ def test_evaluate_py_on_a_checkpoint_file(optiprompt_run, real_data_root, tmp_pa
     best = best_checkpoint(optiprompt_run)
     out = tmp_path / "cli"
     proc = evaluate(f"backbone.name_or_path={best}", f"tasks=[{TASK}]", "poolers=[mask]", f"output_dir={out}",
-                    "model.device=cpu", data_root=real_data_root)
+                    "backbone.device=cpu", data_root=real_data_root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     expected = json.loads((optiprompt_run / "results.json").read_text())["scores"]
     scores = json.loads((out / "results.json").read_text())["scores"]

@@ -91,6 +91,9 @@ def test_load_encoder_refuses_weights_that_are_not_the_export(exports, tmp_path,
         unverified = load_encoder(damaged, verify_weights=False)
         assert unverified.source["weights_verified"] is False
         assert unverified.encode(SENTENCES).shape[0] == 2
+    elif fault == "truncated":  # asked to load it anyway: it cannot be, and that is one line too
+        with pytest.raises(DataError, match=r"the model weights do not load \(SafetensorError: "):
+            load_encoder(damaged, verify_weights=False)
 
 
 def test_an_export_without_recorded_hashes_still_loads_marked_as_such(exports, tmp_path):

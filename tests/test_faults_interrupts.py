@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import REPO
 from tests.run_faults import assert_one_line_error, fast_overrides, train_py
@@ -82,13 +83,10 @@ def test_sigterm_hint_is_the_exact_command_even_with_output_dir(tiny_bert, real_
 def test_ctrl_c_in_an_optuna_trial_writes_the_study_and_its_table(tiny_bert, real_data_root, tmp_path):
     configs = tmp_path / "configs" / "hparams_search"
     configs.mkdir(parents=True)
-    (configs / "two.yaml").write_text(
-        "# @package _global_\n"
-        "hparams_search:\n"
-        "  study_name: two\n  direction: maximize\n  n_trials: 2\n  storage: null\n"
-        "  sampler: {_target_: optuna.samplers.RandomSampler, seed: 0}\n"
-        "  enqueue:\n    - {optimizer.lr: 1.0e-4}\n"
-        "  params:\n    optimizer.lr: tag(log, interval(1e-5, 1e-3))\n")
+    study = {"study_name": "two", "direction": "maximize", "n_trials": 2, "storage": None,
+             "sampler": {"_target_": "optuna.samplers.RandomSampler", "seed": 0},
+             "enqueue": [{"optimizer.lr": 1.0e-4}], "params": {"optimizer.lr": "tag(log, interval(1e-5, 1e-3))"}}
+    (configs / "two.yaml").write_text("# @package _global_\n" + yaml.safe_dump({"hparams_search": study}))
     out = tmp_path / "study"
     proc = train_py(f"--config-dir={tmp_path / 'configs'}", *fast_overrides(tiny_bert, real_data_root, out),
                     "hparams_search=two", *SIGINT_AT, "+callbacks.kill.step=3")

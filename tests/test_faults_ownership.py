@@ -14,10 +14,12 @@ import sys
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from promptemb.common.errors import ConfigError
+from promptemb.common.errors import ConfigError, DataError
 from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.training.run_lock import LOCK_FILE, check_run_folder, lock_holder, run_folder_lock
+from promptemb.training.trials import before_the_run, run_trial
 from tests.run_faults import WIKI_SAMPLE, assert_one_line_error, fast_overrides, snapshot, train_py
 
 
@@ -93,7 +95,8 @@ def test_overwrite_true_replaces_the_previous_run(finished_run, tmp_path):
 
 
 @pytest.mark.parametrize("fault, extra, message", [
-    ("batch larger than the corpus", ["data.max_examples=3"], "corpus has 3 examples after filtering, fewer than"),
+    pytest.param("batch larger than the corpus", ["data.max_examples=3"],
+                 "corpus has 3 examples after filtering, fewer than", marks=pytest.mark.slow),
     pytest.param("blank corpus", ["CORPUS=\n\n"], "", marks=pytest.mark.slow),
     pytest.param("non-UTF-8 corpus", ["CORPUS=a line\n\xff\xfe bad\n"], "", marks=pytest.mark.slow),
 ])
@@ -120,3 +123,43 @@ def test_evaluate_on_a_run_folder_without_checkpoints_is_one_line(tmp_path):
     assert source_kind(str(run)) == "run"
     with pytest.raises(ConfigError, match=rf"run folder {run} has no scored checkpoint in {run / 'checkpoints'}"):
         best_checkpoint(run)
+
+
+@pytest.mark.parametrize("with_checkpoint", [False, True])
+def test_the_failed_run_policy_keeps_only_runs_with_a_checkpoint(with_checkpoint, tmp_path, monkeypatch):
+    """In process, for any failure: without a checkpoint every file the run wrote goes (and the empty folders it made
+    under the working directory); with one, the folder stays, marked failed with the one-line reason."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "logs" / "run"
+
+    def fails_after_writing(cfg):
+        for folder in (".hydra", "csv", *(["checkpoints"] if with_checkpoint else [])):
+            (run / folder).mkdir(parents=True, exist_ok=True)
+        for name in ("train.log", "curve.json", "curve.png", "results_transfer.png", LOCK_FILE,
+                     *(["checkpoints/last.ckpt"] if with_checkpoint else [])):
+            (run / name).write_bytes(b"x")
+        raise DataError("training corpus x.txt is blank")
+
+    with pytest.raises(DataError, match="is blank"):
+        run_trial(OmegaConf.create({"output_dir": str(run)}), fails_after_writing, in_sweep=False, overrides=[])
+    if with_checkpoint:
+        status = json.loads((run / "status.json").read_text())
+        assert status["status"] == "failed" and status["reason"] == "training corpus x.txt is blank"
+    else:
+        assert not (tmp_path / "logs").exists()
+
+
+def test_a_refusal_before_the_run_leaves_an_existing_folder_as_it_was(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    (run / "status.json").write_text('{"status": "completed"}\n')
+    before = snapshot(run)
+
+    def refused(cfg):
+        with before_the_run():
+            raise ConfigError("cannot resume from it: it was trained with other settings: data.batch_size 4 -> 8")
+
+    with pytest.raises(ConfigError):
+        run_trial(OmegaConf.create({"output_dir": str(run)}), refused, in_sweep=False, overrides=[])
+    assert snapshot(run) == before

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -373,11 +374,13 @@ def test_relative_corpus_path_is_relative_to_the_data_root_not_the_cwd(tmp_path,
     assert absolute.load() == ["from the current directory"]
 
 
+ON_CPU = SimpleNamespace(root_device=torch.device("cpu"))  # a fake trainer's strategy: trains on the CPU
+
+
 def test_fit_end_scores_the_best_checkpoint_safely_and_restores_the_live_weights(tiny_bert, real_data_root,
                                                                                   tmp_path, monkeypatch):
     """The best checkpoint is read with torch.load(weights_only=True), scored, and the module the caller holds
     keeps the weights it was trained to."""
-    from types import SimpleNamespace
 
     from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 
@@ -404,7 +407,7 @@ def test_fit_end_scores_the_best_checkpoint_safely_and_restores_the_live_weights
     monkeypatch.setattr(torch, "load", recording_load)
     trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(best_model_path=str(path),
                                                                   best_model_score=torch.tensor(50.0)),
-                              interrupted=False, is_global_zero=True, loggers=[], global_step=2)
+                              interrupted=False, is_global_zero=True, loggers=[], strategy=ON_CPU, global_step=2)
     callback.on_fit_end(trainer, module)
     assert loads and all(flag is True for flag in loads)
     for name, tensor in module.state_dict().items():
@@ -419,7 +422,6 @@ def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(ti
     """final_tasks may name transfer and clustering tasks (here mock tasks in a mock registry): the fit-end scoring
     runs them through their own protocols, writes one table and PNG per family and logs each family's scores under
     final/<family>/<pooler>/<task>, as the STS ones are logged under final/sts/..."""
-    from types import SimpleNamespace
 
     import promptemb.callbacks.sts_evaluation as sts_evaluation
     from promptemb.evaluation.wandb_tables import sts_table_rows
@@ -443,7 +445,7 @@ def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(ti
     monkeypatch.setattr(sts_evaluation, "log_sts_tables", record)
     module = PromptBERTUnsup(str(tiny_bert))
     trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(best_model_path="", best_model_score=None),
-                              interrupted=False, is_global_zero=True, loggers=[], global_step=3)
+                              interrupted=False, is_global_zero=True, loggers=[], strategy=ON_CPU, global_step=3)
     callback.on_fit_end(trainer, module)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert list(results["families"]) == ["sts", "transfer", "clustering"]

@@ -1,8 +1,8 @@
 """`train.py` / `promptemb-train`: train a prompt-based sentence encoder (`promptemb-train experiment=NAME`).
 
-The command line is checked before Hydra composes it: an unknown experiment or override key is one line with the
-closest valid name, instead of Hydra's multi-line block. Hydra's job name is set to `train` in configs/train.yaml, so
-the run folder's log is train.log whichever way the command is started."""
+The command line is checked before Hydra composes it: an unknown experiment is one line listing the valid ones, and a
+`backbone.*` key that training would ignore is refused (unknown keys and options: common/cli.py). Hydra's job name is
+set to `train` in configs/train.yaml, so the run folder's log is train.log whichever way the command is started."""
 
 from __future__ import annotations
 

@@ -24,6 +24,8 @@ from promptemb.data.root import resolve_data_root
 from promptemb.data.training_corpora import check_nli_header
 from promptemb.encoder.model import check_model_source
 from promptemb.encoder.settings import check_backbone
+from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
+from promptemb.training.trainer import check_compile
 
 
 @dataclass
@@ -52,7 +54,9 @@ def _check_train(cfg: DictConfig) -> None:
     check_train_composition(container)
     trainer = container.get("trainer") or {}
     check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
+    check_compile(bool(trainer.get("compile")), trainer.get("accelerator"))
     model = container.get("model") or {}
+    check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
     if isinstance(model.get("model_name_or_path"), str):
         check_model_source(model["model_name_or_path"])
     root = resolve_data_root(container.get("data_root"))

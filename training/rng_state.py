@@ -1,9 +1,10 @@
 """Random-number state in checkpoints, so a resumed run draws the same dropout masks as the uninterrupted one.
 
 Lightning restores weights, optimiser, schedule and loop counters but not the generators. This callback saves the
-global torch (CPU and CUDA), numpy and Python states with every checkpoint and restores them just before the first
-batch a resumed run trains on, so whatever ran in between (model construction, the data loader, hooks) cannot shift
-them. Stored as tensors and plain containers: checkpoints stay loadable with `torch.load(weights_only=True)`.
+global torch (CPU and the process's own CUDA device), numpy and Python states with every checkpoint and restores them
+just before the first batch a resumed run trains on, so whatever ran in between (model construction, the data
+loader, hooks) cannot shift them. Stored as tensors and plain containers: checkpoints stay loadable with
+`torch.load(weights_only=True)`.
 Under DDP every rank's state is gathered into the checkpoint and each rank restores its own: ranks draw different
 amounts (their batches pad to different lengths), so one shared state would not continue any of them exactly.
 """
@@ -23,7 +24,9 @@ def capture() -> dict:
     version, python_state, gauss_next = random.getstate()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # this process's own device only: a state per visible device could not be restored where fewer are visible
+        # (a run resumed on fewer GPUs), and under DDP each rank's device is its own anyway
+        "cuda": torch.cuda.get_rng_state(torch.cuda.current_device()) if torch.cuda.is_available() else [],
         "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
                   "has_gauss": int(has_gauss), "cached_gauss": float(cached_gauss)},
         "python": {"version": version, "state": torch.tensor(python_state, dtype=torch.int64),
@@ -33,8 +36,13 @@ def capture() -> dict:
 
 def restore(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if torch.cuda.is_available():
+        device = torch.cuda.current_device()
+        saved_cuda = state["cuda"]
+        if isinstance(saved_cuda, list | tuple):  # checkpoints written before: one state per visible device
+            saved_cuda = saved_cuda[device] if device < len(saved_cuda) else None
+        if saved_cuda is not None and len(saved_cuda):
+            torch.cuda.set_rng_state(saved_cuda, device)
     saved = state["numpy"]
     np.random.set_state((saved["name"], saved["keys"].numpy().astype(np.uint32), saved["position"],
                          saved["has_gauss"], saved["cached_gauss"]))

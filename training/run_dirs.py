@@ -12,6 +12,7 @@ when this module is imported. (A run that fails before any work leaves no folder
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -19,6 +20,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from omegaconf import OmegaConf
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from promptemb.common.errors import ConfigError
 
@@ -79,9 +81,21 @@ def resume_checkpoint(ckpt_path: str | None, resume: bool, task_dir: str | Path)
     return found
 
 
+#: Set by a training run for the DDP ranks Lightning starts as new processes: they compose the same config, and
+#: must write into the run folder of rank 0, not resolve a timestamped folder of their own.
+RANK_ZERO_RUN_DIR = "PROMPTEMB_RANK_ZERO_RUN_DIR"
+
+
+def is_global_rank_zero() -> bool:
+    """Whether this process keeps the run's records (Lightning's global rank; 0 outside distributed training)."""
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
 def run_dir(ckpt_path: str | None, resume: bool, task_dir: str, stamp: str) -> str:
-    """`output_dir`'s default: the resumed checkpoint's run folder, this trial's folder in a sweep, else a new
-    timestamped folder."""
+    """`output_dir`'s default: rank 0's folder in a DDP rank it started, the resumed checkpoint's run folder, this
+    trial's folder in a sweep, else a new timestamped folder."""
+    if os.environ.get(RANK_ZERO_RUN_DIR):
+        return os.environ[RANK_ZERO_RUN_DIR]
     if in_multirun():
         from hydra.core.hydra_config import HydraConfig
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import signal
 import warnings
 from pathlib import Path
@@ -27,7 +28,7 @@ from promptemb.training.memory import out_of_memory_is_one_line
 from promptemb.training.optuna_search import run_study
 from promptemb.training.preflight import Preflight, preflight
 from promptemb.training.rng_state import RandomStateCallback
-from promptemb.training.run_dirs import in_multirun, resume_hint
+from promptemb.training.run_dirs import RANK_ZERO_RUN_DIR, in_multirun, resume_hint
 from promptemb.training.run_lock import clear_run_folder, first_process_of_job, run_folder_lock
 from promptemb.training.trials import RunInterruptedError, before_the_run, run_trial
 
@@ -113,6 +114,8 @@ def fit(cfg: DictConfig, checks: Preflight, loggers: list, export_dir: str | Non
     trainer: pl.Trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     log_config(loggers, cfg)
     exit_code = 1
+    inherited_run_dir = os.environ.get(RANK_ZERO_RUN_DIR)
+    os.environ[RANK_ZERO_RUN_DIR] = str(cfg.output_dir)  # the DDP ranks fit() starts inherit this run's folder
     try:
         try:
             with out_of_memory_is_one_line(cfg, trainer):
@@ -131,6 +134,8 @@ def fit(cfg: DictConfig, checks: Preflight, loggers: list, export_dir: str | Non
         exit_code = 0
     finally:
         finish_wandb(loggers, exit_code)
+        if inherited_run_dir is None:
+            os.environ.pop(RANK_ZERO_RUN_DIR, None)
     sts = next((c for c in callbacks if isinstance(c, STSEvaluationCallback)), None)
     if trainer.is_global_zero and sts is not None and (line := sts.summary()):
         log.warning(line) if "WARNING" in line else log.info(line)

@@ -33,7 +33,7 @@ from promptemb.common.overrides import parse_overrides
 from promptemb.common.run_folder import HYDRA_OWN_FILES, remove_if_untouched
 from promptemb.research.seed_report import seed_report as write_seed_report
 from promptemb.research.seed_report import summary_line
-from promptemb.training.run_dirs import in_multirun, resume_hint
+from promptemb.training.run_dirs import in_multirun, is_global_rank_zero, resume_hint
 from promptemb.training.run_lock import LOCK_FILE, RUN_RECORDS, first_process_of_job
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,9 @@ def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], i
     failed-run policy above. Outside a sweep an error propagates; inside one it is logged as one line and returned
     as a failed outcome, except Ctrl-C, which records the trial and stops the sweep (`RunInterruptedError`)."""
     run_dir = Path(cfg.output_dir)
+    if not is_global_rank_zero():  # one record per run, in rank 0's folder, written by rank 0
+        objective = train_fn(cfg)
+        return TrialOutcome(COMPLETED, objective=objective)
     outcome = TrialOutcome(COMPLETED, overrides=list(overrides if overrides is not None else task_overrides()),
                            params=dict(params or {}))
     try:

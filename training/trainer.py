@@ -1,0 +1,68 @@
+"""The Lightning Trainer train.py builds (configs/trainer/): pytorch_lightning.Trainer plus the GPU-path settings.
+
+* TF32 matmuls and convolutions whenever the trainer runs on CUDA (fp32 parameters and bf16-mixed's fp32 parts run
+  on tensor cores; the mantissa lost is far below bf16's);
+* `compile: true`: the backbone (`module.transformer`) compiled in place with torch.compile when fit starts
+  (nn.Module.compile keeps parameter names, so checkpoints and exports are unchanged). The first steps pay the
+  compilation; refused before any work where it cannot run (`check_compile`).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytorch_lightning as pl
+import torch
+
+from promptemb.common.errors import ConfigError
+
+
+def enable_tf32(device: torch.device) -> bool:
+    """TF32 on for CUDA matmuls and cuDNN convolutions when `device` is a CUDA device; whether it was turned on."""
+    if device.type != "cuda":
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return True
+
+
+def compile_problem(accelerator: str | None) -> str | None:
+    """Why torch.compile cannot run here for this accelerator (None when it can): TorchDynamo unsupported on this
+    Python, no C++ compiler for Inductor's CPU kernels, or no Triton for its CUDA kernels."""
+    import torch._dynamo
+    from torch._inductor import config as inductor_config
+
+    if not torch._dynamo.is_dynamo_supported():
+        return "TorchDynamo does not support this Python/platform"
+    on_cuda = accelerator in ("gpu", "cuda") or (accelerator in (None, "auto") and torch.cuda.is_available())
+    if on_cuda:
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "Triton is not installed (Inductor's CUDA kernels need it)"
+    compilers = inductor_config.cpp.cxx if isinstance(inductor_config.cpp.cxx, list | tuple) else (
+        inductor_config.cpp.cxx,)
+    if not any(name and shutil.which(name) for name in compilers):
+        return f"no C++ compiler for Inductor's CPU kernels (looked for {', '.join(map(str, filter(None, compilers)))})"
+    return None
+
+
+def check_compile(compile: bool, accelerator: str | None) -> None:
+    if compile and (problem := compile_problem(accelerator)):
+        raise ConfigError(f"trainer.compile=true cannot work on this machine: {problem}; use trainer.compile=false")
+
+
+class CompileBackbone(pl.Callback):
+    """torch.compile of the module's transformer, in place, before the first step."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        pl_module.transformer.compile()
+
+
+class Trainer(pl.Trainer):
+    def __init__(self, *args, compile: bool = False, **kwargs):
+        """`compile`: torch.compile the backbone (see the module docstring); every other argument is
+        pytorch_lightning.Trainer's."""
+        if compile:
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), CompileBackbone()]
+        super().__init__(*args, **kwargs)
+        self.tf32 = enable_tf32(self.strategy.root_device)
