@@ -14,6 +14,7 @@ EXTRAS = {
     "sentence_transformers": ("sentence-transformers", "export"),
     "matplotlib": ("matplotlib", "plots"),
     "optuna": ("optuna", "sweeps"),
+    "peft": ("peft", "decoders"),
 }
 
 

@@ -21,6 +21,12 @@ MODULE_CLASSES = {
     "promptemb.lightning_modules.promptbert.PromptBERTUnsup",
     "promptemb.lightning_modules.promptbert.PromptBERTSup",
     "promptemb.lightning_modules.optiprompt.OptiPrompt",
+    "promptemb.lightning_modules.prompteol.PromptEOLSup",
+}
+#: Recipes whose checkpoints hold only a LoRA adapter: rebuilt by their own loader, which checks the base model.
+ADAPTER_CLASSES = {
+    "promptemb.lightning_modules.prompteol.PromptEOLSup":
+        "promptemb.lightning_modules.prompteol.load_adapter_checkpoint",
 }
 #: state-dict prefixes of weights older checkpoints carry but the modules no longer keep
 #: (PromptBERTSup held the whole *ForMaskedLM model as `mlm_model`, duplicating `transformer.*`)
@@ -100,6 +106,9 @@ def load_module_checkpoint(path: str | Path, base_model: str | None = None) -> L
     path = Path(path)
     checkpoint = read_checkpoint(path)
     class_path = module_class_path(checkpoint)
+    if class_path in ADAPTER_CLASSES:
+        raise DataError(f"checkpoint {path} holds a LoRA adapter of a decoder ({class_path.rsplit('.', 1)[1]}); load "
+                        f"it with {ADAPTER_CLASSES[class_path]} and export it with export_adapter (docs/decoders.md)")
     module_name, class_name = class_path.rsplit(".", 1)
     module_cls = getattr(importlib.import_module(module_name), class_name)
     hparams = dict(checkpoint["hyper_parameters"])

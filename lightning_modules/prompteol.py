@@ -1,0 +1,277 @@
+"""PromptEOL supervised: contrastive LoRA fine-tuning of a decoder LLM on NLI triplets (Jiang et al. 2023, "Scaling
+Sentence Embeddings with Large Language Models"; kongds/scaling_sentemb ft_llm.py at 8567aa08).
+
+Each sentence of a (premise, entailment, contradiction) triplet fills the PromptEOL template; its embedding is the
+last token's state after the final norm (`LastTokenPooler`, the same code evaluate.py scores decoders with). The
+loss is InfoNCE with cosine similarity over temperature 0.05 and the contradictions as extra columns (the official
+code adds a zero weight to them: plain columns). Only LoRA adapters train (`peft`; official defaults r 64, alpha 16,
+dropout 0.05 on q_proj and v_proj); the base model stays frozen, optionally loaded in 4-bit NF4 (QLoRA).
+
+Checkpoints hold only the adapter weights, with the base model's name and a sha256 of its weights as loaded, so an
+adapter is never applied to another model. `export_adapter` writes the merged model (a plain Hugging Face model) or
+the base name plus the adapter (peft's format).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.common.optional import require
+from promptemb.encoder.decoder import DecoderInputBuilder, check_last_token_template, is_causal_lm, run_decoder
+from promptemb.encoder.inputs import InputForm
+from promptemb.encoder.model import DTYPES, Encoder, check_quantization, load_pretrained, quantization_kwargs
+from promptemb.encoder.pooling import Needs
+from promptemb.encoder.template import Template
+from promptemb.lightning_modules.base import DEFAULT_OPTIMIZER, DEFAULT_SCHEDULER, PromptContrastiveModule
+from promptemb.lightning_modules.checkpoint import read_checkpoint
+from promptemb.lightning_modules.promptbert import PromptBERTSup
+from promptemb.poolers.base import Pooler
+from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
+
+#: keys of the adapter record in a checkpoint
+ADAPTER_RECORD = "promptemb_adapter"
+#: the name the primary evaluation pooler is logged under: the metric checkpoint selection monitors
+#: (`val/stsb_dev/mask_best`) for every recipe; here it is the last token of the PromptEOL template
+SELECTION_POOLER_NAME = "mask"
+EXPORT_MODES = ("merged", "adapter")
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer of `model` as loaded (name, dtype, shape, bytes, in name order): the
+    identity of the weights an adapter was trained on, whatever files or hub name they came from."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}\n".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()
+
+
+def is_adapter_key(key: str) -> bool:
+    return "lora_" in key
+
+
+class PromptEOLSup(PromptContrastiveModule):
+    """LoRA contrastive fine-tuning of a decoder on NLI triplets with the PromptEOL template (see the module
+    docstring). Shares InfoNCE, gradient caching, cross-rank negatives and the optimiser with the encoder recipes."""
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        templates: list[str] = (PROMPTEOL,),
+        eval_template: str | None = None,
+        temperature: float = 0.05,
+        optimizer=None,
+        scheduler=None,
+        max_sentence_tokens: int = 32,
+        sentence_rule: str = "prompteol",
+        max_length: int | None = None,
+        lora_r: int = 64,
+        lora_alpha: int = 16,
+        lora_dropout: float = 0.05,
+        lora_target_modules: list[str] = ("q_proj", "v_proj"),
+        quantization: str | None = None,
+        dtype: str = "float32",
+        padding_side: str = "left",
+        grad_cache_chunk_size: int | None = None,
+        gradient_checkpointing: bool = False,
+        base_weights_sha256: str | None = None,
+    ):
+        # The encoder recipes' constructor loads a masked LM and requires [MASK]; a decoder is loaded here instead
+        # and the attributes the shared training step reads are set the same way. save_hyperparameters() finds
+        # arguments only through a chain of super().__init__ calls, which this skips: they are passed explicitly.
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "optimizer", "scheduler",
+                                                                      "base_weights_sha256", "__class__")}
+        pl.LightningModule.__init__(self)
+        check_quantization(quantization)  # QLoRA without CUDA / bitsandbytes: one line, before any loading
+        peft = require("peft", "LoRA fine-tuning (model=prompteol_sup)")
+        if dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+        if lora_r < 1:
+            raise ConfigError(f"lora_r must be >= 1, got {lora_r}")
+        if grad_cache_chunk_size is not None and grad_cache_chunk_size < 1:
+            raise ConfigError(f"grad_cache_chunk_size must be null or >= 1, got {grad_cache_chunk_size}")
+        templates = list(templates)
+        if len(templates) != 1 or not isinstance(templates[0], str):
+            raise ConfigError(f"PromptEOLSup trains with 1 template, got {templates!r}")
+        arguments.update(templates=templates, lora_target_modules=list(lora_target_modules))
+        self.save_hyperparameters(arguments)
+        self.optimizer_factory = optimizer or DEFAULT_OPTIMIZER
+        self.scheduler_factory = scheduler or DEFAULT_SCHEDULER
+        self.templates = [Template(templates[0])]
+        self.eval_template = Template(eval_template or templates[0])
+        for template in [*self.templates, self.eval_template]:
+            check_last_token_template(type(self).__name__, template)
+        model_kwargs = {"dtype": DTYPES[dtype], **quantization_kwargs(quantization)}
+        self.tokenizer, model, self.loading_info = load_pretrained(model_name_or_path, **model_kwargs)
+        if not is_causal_lm(model.config):
+            raise ConfigError(f"PromptEOLSup fine-tunes a decoder (causal LM); model {model_name_or_path!r} is "
+                              f"{type(model).__name__}, an encoder: use promptbert_sup for encoders")
+        self.base_weights_sha256 = weights_sha256(model)
+        if base_weights_sha256 is not None and base_weights_sha256 != self.base_weights_sha256:
+            raise DataError(f"the adapter was trained on base weights sha256 {base_weights_sha256[:12]}…, but "
+                            f"{model_name_or_path!r} has {self.base_weights_sha256[:12]}…; pass base_model= the "
+                            "model it was trained from")
+        self.transformer = self._with_adapter(peft, model, quantization, gradient_checkpointing)
+        # sentences are cut to max_sentence_tokens anyway; 512 bounds template + sentence whatever the tokenizer's
+        # model_max_length says (often unset: 1e30)
+        self.max_length = max_length or min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512)
+        self.builders = [DecoderInputBuilder(self.tokenizer, InputForm(self.templates[0], sentence_rule,
+                                                                       max_sentence_tokens),
+                                             self.max_length, padding_side)]
+        self.pooler = LastTokenPooler(SELECTION_POOLER_NAME, layer=-1)
+        self.input_embedder = None
+        self.template_bias_cache = None
+
+    def _with_adapter(self, peft, model: torch.nn.Module, quantization: str | None, gradient_checkpointing: bool):
+        hp = self.hparams
+        if quantization is not None:  # what the official QLoRA path does before adding adapters
+            model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
+        elif gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()
+        config = peft.LoraConfig(r=hp.lora_r, lora_alpha=hp.lora_alpha, lora_dropout=hp.lora_dropout, bias="none",
+                            target_modules=list(hp.lora_target_modules))
+        try:
+            wrapped = peft.get_peft_model(model, config)
+        except ValueError as err:  # target modules the model does not have
+            raise ConfigError(f"LoRA cannot wrap {type(model).__name__}: {str(err).splitlines()[0][:200]}; set "
+                              "model.lora_target_modules to its attention projections") from None
+        wrapped.train()  # from_pretrained returns eval mode: LoRA dropout must be on in training
+        return wrapped
+
+    # -- representations ------------------------------------------------------------------------------------------
+
+    def sentence_tokenization(self):
+        """Decoder inputs are built from raw strings (the template is tokenized with the sentence as one string),
+        so the training corpus is not pre-tokenized."""
+        return None
+
+    def pooled(self, sentences, builder: DecoderInputBuilder, pooler: Pooler) -> torch.Tensor:
+        if isinstance(sentences, Mapping):
+            raise ConfigError("PromptEOLSup reads raw sentences; set data.pretokenize=false")
+        batch = builder.collate(builder.build(list(sentences))).to(self.device)
+        out = run_decoder(self.transformer, batch, Needs(layers=(pooler.layer,)), builder.form)
+        return pooler(out)
+
+    # NLI triplets -> (anchors, positives, contradictions), as PromptBERT's supervised recipe reads them
+    contrastive_views = PromptBERTSup.contrastive_views
+
+    def eval_poolers(self) -> list[Pooler]:
+        return [self.pooler]
+
+    def evaluation_encoder(self, batch_size: int = 128) -> Encoder:
+        return Encoder.from_model(self.transformer, self.tokenizer, name=self.hparams.model_name_or_path,
+                                  batch_size=batch_size, max_length=self.max_length,
+                                  padding_side=self.hparams.padding_side)
+
+    def embed(self, sentences: list[str]) -> torch.Tensor:
+        """[N, D] evaluation embeddings (eval mode, no gradient) of raw sentences with the evaluation template."""
+        builder = DecoderInputBuilder(self.tokenizer, InputForm(self.eval_template, self.hparams.sentence_rule,
+                                                                self.hparams.max_sentence_tokens),
+                                      self.max_length, self.hparams.padding_side)
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                return self.pooled(sentences, builder, self.pooler)
+        finally:
+            self.train(was_training)
+
+    # -- checkpoints: the adapter only ----------------------------------------------------------------------------
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Checkpoints hold only the adapter (the frozen base comes from the base model itself), so a state dict is
+        complete when it has every adapter weight; `strict` refuses a missing adapter weight or an unknown key. (A
+        full state dict, as the fit-end scoring restores, loads too.)"""
+        if strict:
+            own = self.state_dict()
+            missing = sorted(key for key in own if is_adapter_key(key) and key not in state_dict)
+            unexpected = sorted(key for key in state_dict if key not in own)
+            if missing or unexpected:
+                raise RuntimeError(f"adapter state of {type(self).__name__} does not fit: {len(missing)} missing "
+                                   f"(e.g. {missing[:1]}), {len(unexpected)} unknown weights (e.g. {unexpected[:1]})")
+        return super().load_state_dict(state_dict, strict=False, assign=assign)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if is_adapter_key(k)}
+        checkpoint[ADAPTER_RECORD] = {"base_model": self.hparams.model_name_or_path,
+                                      "base_weights_sha256": self.base_weights_sha256}
+
+
+def adapter_state(module: PromptEOLSup) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in module.state_dict().items() if is_adapter_key(k)}
+
+
+def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> PromptEOLSup:
+    """The module of a PromptEOLSup checkpoint: its base model (recorded name, or `base_model`) with the trained
+    adapter, in eval mode. A base whose weights differ from the recorded hash is refused in one line."""
+    checkpoint = read_checkpoint(path)
+    record = checkpoint.get(ADAPTER_RECORD)
+    if not isinstance(record, dict) or "base_weights_sha256" not in record:
+        raise DataError(f"checkpoint {path} holds no LoRA adapter record; pass a checkpoint of PromptEOLSup")
+    hparams = dict(checkpoint["hyper_parameters"])
+    if base_model:
+        hparams["model_name_or_path"] = base_model
+    module = PromptEOLSup(**hparams, base_weights_sha256=record["base_weights_sha256"])
+    try:
+        module.load_state_dict(checkpoint["state_dict"])
+    except RuntimeError as err:
+        raise DataError(f"checkpoint {path}: {str(err).splitlines()[0]}") from None
+    module.eval()
+    return module
+
+
+def export_adapter(module: PromptEOLSup, out: str | Path, mode: str = "merged") -> Path:
+    """Write `module` to `out`: `merged` (LoRA folded into the base weights: a plain Hugging Face model directory
+    any tool loads) or `adapter` (peft's adapter files naming the base model). Both carry the tokenizer and a
+    `promptemb_decoder.json` with the template and pooling."""
+    if mode not in EXPORT_MODES:
+        raise ConfigError(f"unknown export mode {mode!r}; valid: {', '.join(EXPORT_MODES)}")
+    if module.hparams.quantization is not None and mode == "merged":
+        raise ConfigError("a 4-bit (QLoRA) base cannot be merged exactly; export with mode=adapter")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if mode == "merged":
+        _merged_copy(module).save_pretrained(out)
+    else:
+        module.transformer.save_pretrained(out)
+    module.tokenizer.save_pretrained(out)
+    record = {"mode": mode, "base_model": module.hparams.model_name_or_path,
+              "base_weights_sha256": module.base_weights_sha256, "template": module.eval_template.text,
+              "sentence_rule": module.hparams.sentence_rule, "pooler": "last_token", "layer": -1,
+              "max_sentence_tokens": module.hparams.max_sentence_tokens, "padding_side": module.hparams.padding_side}
+    (out / "promptemb_decoder.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _merged_copy(module: PromptEOLSup) -> torch.nn.Module:
+    """The base model with the adapter folded in, leaving `module` itself unmerged (merging mutates the weights)."""
+    return copy.deepcopy(module.transformer).merge_and_unload()
+
+
+def load_merged_export(directory: str | Path) -> tuple[Encoder, LastTokenPooler, InputForm]:
+    """(encoder, pooler, input form) of a merged export, ready for `Encoder.encode_form`."""
+    directory = Path(directory)
+    record_path = directory / "promptemb_decoder.json"
+    if not record_path.is_file():
+        raise ConfigError(f"{directory} is not a PromptEOLSup export (no promptemb_decoder.json)")
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    if record["mode"] != "merged":
+        raise ConfigError(f"{directory} holds an adapter; load it with load_adapter_checkpoint or peft")
+    transformer = AutoModel.from_pretrained(directory).eval()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    encoder = Encoder.from_model(transformer, tokenizer, name=str(directory), padding_side=record["padding_side"])
+    form = InputForm(Template(record["template"]), record["sentence_rule"], record["max_sentence_tokens"])
+    return encoder, LastTokenPooler("last_token", layer=record["layer"]), form
+
