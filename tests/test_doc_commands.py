@@ -47,6 +47,8 @@ PLACEHOLDERS = [
 ]
 #: Doc lines that are a synopsis rather than a command -> the concrete command run for them.
 SYNOPSES = {
+    "python bench/encode_throughput.py [--sentences 8000] [--batch-size 64] [--repeats 2]":
+        "python bench/encode_throughput.py --sentences 64 --batch-size 16 --repeats 1",
     "python bench/train_throughput.py experiment=<recipe> data.batch_size=<B> [any train.py override ...] "
     "[--steps 10] [--warmup 2] [--device auto|cpu|cuda] [--threads N] [--peak-tflops T] [--out result.json]":
         "python bench/train_throughput.py experiment=quickstart_unsup data.batch_size=4 --steps 1 --warmup 1 "
@@ -82,6 +84,9 @@ SCRIPT_SHORT = {
     "scripts/ditto_head_search.py": [(r"$", " --model {tiny}")],
     "scripts/export_roundtrip.py": [],
     "bench/transfer_clustering_suite.py": [],                        # its synopsis above is concrete already
+    # without CUDA it refuses the GPU parts in one line and runs the rest: the evaluation suite, here on one task
+    "bench/gpu_validation.py": [(r"$", " --parts suite --suite-tasks STSBenchmark")],
+    "bench/encode_throughput.py": [],                                # its synopsis above is concrete already
     "promptemb.research.template_search": [(r"--register (\S+)", r"--register \1 --configs-dir configs"),
                                           (r"$", " --model {tiny}")],
     "promptemb.research.layer_sweep": [(r"$", " --model {tiny}")],
