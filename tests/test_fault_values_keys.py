@@ -38,7 +38,8 @@ def test_non_finite_numbers_fail_even_where_no_range_is_declared():
     ("evaluate", ["poolerz=[mask]"], r"^'poolerz' is not a key of evaluate\.py's config; did you mean 'poolers'\?"),
     ("evaluate", ["poolerz=mask"], r"did you mean 'pooler'\?"),
     ("evaluate", ["backbone=bert_larg"], r"^evaluate\.py: there is no backbone 'bert_larg' .*did you mean "
-                                         r"backbone=bert_base\? valid backbone: bert_base, decoder, minilm, roberta_base$"),
+                                         r"backbone=bert_base\? valid backbone: bert_base, decoder, minilm, "
+                                         r"roberta_base$"),
     ("encode", ["poolr=mask"], r"'poolr' is not a key of promptemb-encode's config; did you mean 'pooler'\?"),
     ("train", ["backbone=bert_larg"], r"^train\.py: there is no backbone 'bert_larg' .*backbone=bert_base"),
     ("train", ["template=promptbert_bertt"], r"there is no template 'promptbert_bertt' .*did you mean "
