@@ -5,9 +5,9 @@
 Three timed runs of `evaluate_sts` (model loading excluded; data verification, tokenization, forwards, pooling and
 scoring included), each with a fresh Encoder:
   1. `mask` alone (PromptBERT template; one templated forward per sentence, SDPA attention);
-  2. ALL poolers that run on MiniLM without further arguments (every registered one but mask_topk, which needs an
-     MLM head, and the poolers that need a named fit corpus, token_avg and bert_token_avg, whose cost is a pass over
-     that corpus), post=[] — two input forms (plain + templated), eager attention for ditto;
+  2. ALL encoder poolers that run on MiniLM without further arguments (every registered one but the decoder prompt
+     methods, mask_topk, which needs an MLM head, and the poolers that need a named fit corpus, token_avg and
+     bert_token_avg, whose cost is a pass over that corpus), post=[] — two input forms (plain + templated), eager attention for ditto;
   3. the forwards those two forms need anyway: `mean` (plain) + `mask` (templated), SDPA.
 Prints wall and process-CPU times (CPU time stays meaningful on a shared machine; `--threads 1` makes it the whole
 cost) and the ratios 2/1 (the goal: <= 1.3), 3/1 (the floor any exact implementation has: the plain-input poolers
@@ -46,9 +46,12 @@ def runnable_poolers() -> tuple[list[str], dict[str, str]]:
         if name in skipped:
             continue
         try:
-            build_pooler(name)
+            pooler = build_pooler(name)
         except ConfigError as err:  # e.g. token_avg: needs a named corpus
             skipped[name] = str(err).split(":")[0].removeprefix(f"pooler {name!r} ")
+            continue
+        if pooler.needs.decoder:  # decoder prompt methods run on causal LMs, not on this encoder
+            skipped[name] = "a decoder prompt method"
             continue
         every.append(name)
     return every, skipped
