@@ -7,7 +7,8 @@ scoring included), each with a fresh Encoder:
   1. `mask` alone (PromptBERT template; one templated forward per sentence, SDPA attention);
   2. ALL encoder poolers that run on MiniLM without further arguments (every registered one but the decoder prompt
      methods, mask_topk, which needs an MLM head, and the poolers that need a named fit corpus, token_avg and
-     bert_token_avg, whose cost is a pass over that corpus), post=[] — two input forms (plain + templated), eager attention for ditto;
+     bert_token_avg, whose cost is a pass over that corpus), post=[] — two input forms (plain + templated), eager
+     attention for ditto;
   3. the forwards those two forms need anyway: `mean` (plain) + `mask` (templated), SDPA.
 Prints wall and process-CPU times (CPU time stays meaningful on a shared machine; `--threads 1` makes it the whole
 cost) and the ratios 2/1 (the goal: <= 1.3), 3/1 (the floor any exact implementation has: the plain-input poolers
