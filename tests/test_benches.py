@@ -32,6 +32,7 @@ def bench(script: str, *args: str, data_root: Path | None = None) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_sbert_wk_speed(tiny6, real_data_root):
     out = bench("sbert_wk_speed.py", "--model", tiny6, "--sentences", 24, data_root=real_data_root)
     assert re.search(r"^24 sentences, \d+ tokens, 3 layers \(from 4\)", out, re.M)
@@ -40,6 +41,7 @@ def test_sbert_wk_speed(tiny6, real_data_root):
     assert gram < 1e-8 and qr < 1e-8  # the batched pooler equals the per-token loop
 
 
+@pytest.mark.slow
 def test_pooler_suite_cost(tiny6, mini_data):
     root, registry = mini_data
     out = bench("pooler_suite_cost.py", "--model", tiny6, "--tasks", "MINI-B", "MINI12", "--data-root", root,
@@ -50,6 +52,7 @@ def test_pooler_suite_cost(tiny6, mini_data):
     assert re.search(r"all / mask alone += [\d.]+x CPU time", out)
 
 
+@pytest.mark.slow
 def test_denoising_step_time(tiny6, real_data_root):
     out = bench("denoising_step_time.py", "--model", tiny6, "--batch-size", 4, "--steps", 2, "--rounds", 1,
                 "--threads", 1, data_root=real_data_root)
