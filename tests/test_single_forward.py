@@ -19,8 +19,12 @@ def test_encoder_runs_once_per_sentence_and_form(mini_data, tiny_bert):
     seen = Counter()
 
     def record(module, args, kwargs):
-        for row, mask in zip(kwargs["input_ids"].tolist(), kwargs["attention_mask"].tolist()):
-            seen[tuple(t for t, m in zip(row, mask) if m)] += 1
+        rows = kwargs["input_ids"].tolist()
+        # a batch without padding is run without an attention mask: every token is real
+        mask = kwargs["attention_mask"]
+        masks = mask.tolist() if mask is not None else [[1] * len(row) for row in rows]
+        for row, row_mask in zip(rows, masks):
+            seen[tuple(t for t, m in zip(row, row_mask) if m)] += 1
 
     handle = encoder.transformer.register_forward_pre_hook(record, with_kwargs=True)
     try:
