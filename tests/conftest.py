@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import save_tiny_bert, save_tiny_roberta, write_mini_senteval
+from promptemb.encoder.model import Encoder
+from tests.helpers import reference_runner, save_tiny_bert, save_tiny_roberta, write_mini_senteval
 from tests.run_faults import WIKI_SAMPLE, fast_overrides, train_py
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,6 +21,18 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_bert) -> Encoder:
+    """The tiny BERT behind the library's Encoder, one per test module (its forward counters start at 0)."""
+    return Encoder(str(tiny_bert), batch_size=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_bert):
+    """(model, tokenizer, forward) of the tiny BERT in plain transformers: what the poolers are checked against."""
+    return reference_runner(tiny_bert)
 
 
 @pytest.fixture(scope="session")

@@ -9,23 +9,12 @@ from promptemb.encoder.model import Encoder
 from promptemb.encoder.outputs import normalize_layer
 from promptemb.encoder.template import Template
 from promptemb.poolers import build_pooler, build_poolers
-from tests.helpers import reference_runner
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 TWO_MASKS = 'This sentence : "[X]" means [MASK] [MASK] .'
 SENTENCES = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog near the river bank"]
 #: Poolers averaging tokens uniformly; the weighted ones (ditto, sbert_wk, idf, ...) are in test_poolers_weighted.py.
 UNWEIGHTED = ("cls", "mean", "first_last", "avg", "static", "mask")
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_bert):
-    return Encoder(str(tiny_bert), batch_size=2, progress=False)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_bert):
-    return reference_runner(tiny_bert)
 
 
 def loop_mean(vectors):

@@ -17,22 +17,11 @@ from promptemb.evaluation.sts import pearson_x100
 from promptemb.poolers import build_pooler
 from promptemb.poolers.remove_biases import BERT_UNCASED_TOP36
 from promptemb.postprocessing import build_post
-from tests.helpers import reference_runner
 from tests.oracles import sbert_wk_sentence_loop
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 SENTENCES = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog near the river bank"]
 CORPUS = ["a dog runs", "a cat sleeps", "the dog sleeps .", "a man is playing"]
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_bert):
-    return Encoder(str(tiny_bert), batch_size=2, progress=False)
-
-
-@pytest.fixture(scope="module")
-def run(tiny_bert):
-    return reference_runner(tiny_bert)
 
 
 def loop_weighted_mean(vectors, weights):
@@ -43,11 +32,11 @@ def loop_weighted_mean(vectors, weights):
     return total / norm_
 
 
-def test_templated_average_with_and_without_mask(encoder, run):
+def test_templated_average_with_and_without_mask(encoder, reference):
     got = encoder.embed(SENTENCES, [build_pooler("avg"), build_pooler("avg_no_mask")], Template(PROMPT))
     mask_id = encoder.tokenizer.mask_token_id
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, _ = run[2](PROMPT.replace("[X]", sentence))
+        ids, hidden, _ = reference[2](PROMPT.replace("[X]", sentence))
         with_mask = loop_weighted_mean([hidden[-1][t] for t in range(len(ids))], [1.0] * len(ids))
         without = loop_weighted_mean([hidden[-1][t] for t in range(len(ids)) if ids[t] != mask_id],
                                      [1.0] * (len(ids) - 1))
@@ -59,7 +48,7 @@ def test_templated_average_with_and_without_mask(encoder, run):
 
 
 @pytest.mark.parametrize("include_mask", [True, False])
-def test_idf_over_templated_input(encoder, run, include_mask):
+def test_idf_over_templated_input(encoder, reference, include_mask):
     pooler = build_pooler("avg_idf", include_mask=include_mask).fit("mini", CORPUS, encoder.tokenizer)
     got = encoder.embed(SENTENCES, [pooler], Template(PROMPT))["avg_idf"]
     documents = [set(encoder.tokenizer(sentence)["input_ids"]) for sentence in CORPUS]
@@ -70,18 +59,18 @@ def test_idf_over_templated_input(encoder, run, include_mask):
 
     assert hand_idf(mask_id) == pytest.approx(math.log(len(CORPUS)))
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, _ = run[2](PROMPT.replace("[X]", sentence))
+        ids, hidden, _ = reference[2](PROMPT.replace("[X]", sentence))
         kept = [t for t in range(len(ids)) if include_mask or ids[t] != mask_id]
         want = loop_weighted_mean([hidden[-1][t] for t in kept], [hand_idf(ids[t]) for t in kept])
         np.testing.assert_allclose(got[row], want, atol=2e-5, rtol=1e-4)
     assert pooler.describe()["input"] == "templated"
 
 
-def test_remove_biases_over_templated_input(encoder, run):
+def test_remove_biases_over_templated_input(encoder, reference):
     got = encoder.embed(SENTENCES, [build_pooler("avg_remove_biases")], Template(PROMPT))["avg_remove_biases"]
-    tokenizer = run[1]
+    tokenizer = reference[1]
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, _ = run[2](PROMPT.replace("[X]", sentence))
+        ids, hidden, _ = reference[2](PROMPT.replace("[X]", sentence))
         tokens = tokenizer.convert_ids_to_tokens(ids)
         kept = [t for t, tok in enumerate(tokens) if tok not in BERT_UNCASED_TOP36 and not tok.startswith("##")
                 and any(ch.isalnum() for ch in tok) and tok not in ("[CLS]", "[SEP]", "[MASK]")]
@@ -90,11 +79,11 @@ def test_remove_biases_over_templated_input(encoder, run):
         np.testing.assert_allclose(got[row], want, atol=2e-5, rtol=1e-4)
 
 
-def test_ditto_over_templated_input(tiny_bert, run):
+def test_ditto_over_templated_input(tiny_bert, reference):
     eager = Encoder(str(tiny_bert), batch_size=2, attentions=True, progress=False)
     got = eager.embed(SENTENCES, [build_pooler("ditto", layer=1, head=2, templated=True)], Template(PROMPT))["ditto"]
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, attentions = run[2](PROMPT.replace("[X]", sentence))
+        ids, hidden, attentions = reference[2](PROMPT.replace("[X]", sentence))
         want = sum(attentions[1][2, i, i] * (hidden[0][i] + hidden[-1][i]) / 2 for i in range(len(ids)))
         np.testing.assert_allclose(got[row], want, atol=2e-5, rtol=1e-4)
 
@@ -114,10 +103,10 @@ def test_random_embeddings_baseline(encoder):
     assert wide.shape == (len(SENTENCES), 7)
 
 
-def test_token_average_static_model_and_bert_mix(encoder, run):
+def test_token_average_static_model_and_bert_mix(encoder, reference):
     ids_of = {}
     for sentence in CORPUS:
-        ids, hidden, _ = run[2](sentence)
+        ids, hidden, _ = reference[2](sentence)
         for t, token in enumerate(ids):
             ids_of.setdefault(token, []).append((hidden[0][t] + hidden[-1][t]) / 2)
     table = {token: loop_weighted_mean(states, [1.0] * len(states)) for token, states in ids_of.items()}
@@ -131,7 +120,7 @@ def test_token_average_static_model_and_bert_mix(encoder, run):
     sentences = ["a dog sleeps", "a man runs !", "zebra"]  # "!" and "zebra" never occur in the corpus
     got = encoder.embed(sentences, [static, mixed])
     for row, sentence in enumerate(sentences):
-        ids, hidden, _ = run[2](sentence)
+        ids, hidden, _ = reference[2](sentence)
         seen = [i for i in ids if i in table]
         want_static = loop_weighted_mean([table[i] for i in seen], [1.0] * len(seen))
         np.testing.assert_allclose(got["token_avg"][row], want_static, atol=2e-5, rtol=1e-4)
@@ -176,9 +165,9 @@ def test_pearson_is_the_plain_formula():
     assert pearson_x100(x, y) == pytest.approx(want, rel=1e-12)
 
 
-def test_sbert_wk_over_templated_input(encoder, run):
+def test_sbert_wk_over_templated_input(encoder, reference):
     got = encoder.embed(SENTENCES, [build_pooler("sbert_wk", layer_start=0, templated=True)], Template(PROMPT))
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, _ = run[2](PROMPT.replace("[X]", sentence))
+        ids, hidden, _ = reference[2](PROMPT.replace("[X]", sentence))
         features = np.stack(hidden)[:, : len(ids) - 1]  # all templated tokens but the last ([SEP])
         np.testing.assert_allclose(got["sbert_wk"][row], sbert_wk_sentence_loop(features, 2), atol=2e-5, rtol=1e-4)

@@ -13,7 +13,6 @@ from promptemb.encoder.template import Template
 from promptemb.poolers import build_pooler
 from promptemb.poolers.remove_biases import BERT_UNCASED_TOP36
 from promptemb.poolers.sbert_wk import layer_weights, r_factors, sbert_wk_embed, window_layers
-from tests.helpers import reference_runner
 from tests.oracles import sbert_wk_sentence_loop, sbert_wk_token_loop
 
 SENTENCES = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog near the river bank",
@@ -26,16 +25,11 @@ def eager(tiny_bert):
     return Encoder(str(tiny_bert), batch_size=3, attentions=True, progress=False)
 
 
-@pytest.fixture(scope="module")
-def run(tiny_bert):
-    return reference_runner(tiny_bert)
-
-
-def test_ditto_matches_token_loop(eager, run):
+def test_ditto_matches_token_loop(eager, reference):
     pooler = build_pooler("ditto", layer=1, head=2)
     got = eager.embed(SENTENCES, [pooler])["ditto"]
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, attentions = run[2](sentence)
+        ids, hidden, attentions = reference[2](sentence)
         want = np.zeros(hidden[0].shape[1])
         for i in range(len(ids)):
             want += attentions[1][2, i, i] * (hidden[0][i] + hidden[-1][i]) / 2  # not normalised
@@ -103,11 +97,11 @@ def test_sbert_wk_layer_weights_equal_per_token_loop(method, num_layers, window)
             np.testing.assert_allclose(got[b, t], want, rtol=1e-9, atol=1e-12)
 
 
-def test_sbert_wk_pooler_on_model_outputs(tiny_bert, run):
+def test_sbert_wk_pooler_on_model_outputs(tiny_bert, reference):
     encoder = Encoder(str(tiny_bert), batch_size=3, progress=False)
     got = encoder.embed(SENTENCES, [build_pooler("sbert_wk", layer_start=0)])["sbert_wk"]
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, _ = run[2](sentence)
+        ids, hidden, _ = reference[2](sentence)
         features = np.stack(hidden)[:, : len(ids) - 1]  # layers 0..L, all tokens but the last ([SEP])
         np.testing.assert_allclose(got[row], sbert_wk_sentence_loop(features, 2), atol=2e-5, rtol=1e-4)
     with pytest.raises(ConfigError, match="sbert_wk needs at least 3 layers"):
@@ -116,7 +110,7 @@ def test_sbert_wk_pooler_on_model_outputs(tiny_bert, run):
         encoder.embed(["x"], [build_pooler("sbert_wk", layer_start=0, window=4)])  # layers 0..3, window 4
 
 
-def test_idf_matches_hand_counts(tiny_bert, run):
+def test_idf_matches_hand_counts(tiny_bert, reference):
     encoder = Encoder(str(tiny_bert), batch_size=2, progress=False)
     corpus = ["a dog runs", "a cat sleeps", "the dog sleeps"]
     pooler = build_pooler("idf").fit("mini", corpus, encoder.tokenizer)
@@ -133,7 +127,7 @@ def test_idf_matches_hand_counts(tiny_bert, run):
         return math.log(len(documents) / max(1, sum(token_id in document for document in documents)))
 
     for row, sentence in enumerate(SENTENCES):
-        ids, hidden, _ = run[2](sentence)
+        ids, hidden, _ = reference[2](sentence)
         weights = [hand_idf(i) for i in ids]
         want = sum(w * hidden[-1][t] for t, w in enumerate(weights)) / sum(weights)
         np.testing.assert_allclose(got[row], want, atol=2e-5, rtol=1e-4)
@@ -141,13 +135,13 @@ def test_idf_matches_hand_counts(tiny_bert, run):
         encoder.embed(["x"], [build_pooler("idf")])
 
 
-def test_remove_biases_matches_token_loop(tiny_bert, run):
+def test_remove_biases_matches_token_loop(tiny_bert, reference):
     assert len(BERT_UNCASED_TOP36) == 36
     encoder = Encoder(str(tiny_bert), batch_size=3, progress=False)
     poolers = [build_pooler("remove_biases"), build_pooler("remove_biases_contextual")]
     got = encoder.embed([*SENTENCES, "a man ."], poolers)
     for row, sentence in enumerate([*SENTENCES, "a man ."]):
-        model, tokenizer, forward = run
+        model, tokenizer, forward = reference
         ids, hidden, _ = forward(sentence)
         tokens = tokenizer.convert_ids_to_tokens(ids)
         kept = [t for t, tok in enumerate(tokens) if tok not in BERT_UNCASED_TOP36 and not tok.startswith("##")
