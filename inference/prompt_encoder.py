@@ -16,10 +16,11 @@ import torch
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.version import framework_version
+from promptemb.data.checksums import sha256_file
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.model import Encoder, resolve_device
 from promptemb.encoder.template import Template
-from promptemb.lightning_modules.checkpoint import load_module_checkpoint, sha256_file
+from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
 from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
@@ -43,7 +44,7 @@ def weight_files(directory: Path) -> list[Path]:
 
 def weights_sha256(directory: Path) -> dict[str, str]:
     """sha256 of every weight file of an export directory, by path relative to it."""
-    return {path.relative_to(directory).as_posix(): sha256_file(path) for path in weight_files(directory)}
+    return {path.relative_to(directory).as_posix(): sha256_file(path, cached=False) for path in weight_files(directory)}
 
 
 def weight_mismatches(directory: Path, recorded: dict[str, str]) -> list[str]:

@@ -8,7 +8,6 @@ rebuilt from `hyper_parameters` (which loads the base model's config and tokeniz
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 
 from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.checksums import sha256_file
 
 MODULE_CLASSES = {
     "promptemb.lightning_modules.promptbert.PromptBERTUnsup",
@@ -42,14 +42,6 @@ class LoadedCheckpoint:
     sha256: str
     class_path: str
     global_step: int | None
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_memory_mapped(path: Path) -> dict:
@@ -137,5 +129,5 @@ def load_module_checkpoint(path: str | Path, base_model: str | None = None) -> L
             f"{problem[0]}); pass base_model= the model it was trained from"
         )
     module.eval()
-    return LoadedCheckpoint(module=module, path=path, sha256=sha256_file(path), class_path=class_path,
+    return LoadedCheckpoint(module=module, path=path, sha256=sha256_file(path, cached=False), class_path=class_path,
                             global_step=checkpoint.get("global_step"))

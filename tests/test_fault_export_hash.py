@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from promptemb.common.errors import DataError
+from promptemb.data.checksums import sha256_file
 from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
 from promptemb.inference.prompt_encoder import PromptEncoder, load_encoder
-from promptemb.lightning_modules.checkpoint import sha256_file
 from promptemb.lightning_modules.promptbert import PromptBERTSup
 from tests.faults import assert_one_line_failure, listing, run_entry, tree_digest
 from tests.helpers import save_tiny_bert

@@ -26,8 +26,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from promptemb.common.errors import ConfigError, UserError
 from promptemb.common.instantiate import build
+from promptemb.data.checksums import sha256_file
 from promptemb.encoder.model import resolve_model_path
-from promptemb.lightning_modules.checkpoint import module_class_path, sha256_file
+from promptemb.lightning_modules.checkpoint import module_class_path
 
 CHECKPOINT_KEY = "promptemb_lineage"
 #: Files of a Hugging Face model directory that hold its weights, and those that define its tokenizer.
@@ -47,7 +48,7 @@ def files_sha256(paths: list[Path]) -> str | None:
         return None
     digest = hashlib.sha256()
     for path in sorted(paths, key=lambda p: p.name):
-        digest.update(f"{path.name}:{sha256_file(path)}\n".encode())
+        digest.update(f"{path.name}:{sha256_file(path, cached=False)}\n".encode())
     return digest.hexdigest()
 
 
@@ -82,7 +83,7 @@ def data_lineage(cfg: DictConfig) -> dict:
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         raise ConfigError(f"corpus file {missing[0]} does not exist (relative paths are relative to the data root)")
-    record = {"data.files": names, "data.files_sha256": [sha256_file(path) for path in paths],
+    record = {"data.files": names, "data.files_sha256": [sha256_file(path, cached=False) for path in paths],
               "data.batch_size": data.get("batch_size")}
     record.update({f"data.{key}": data.get(key) for key in (*SELECTION_SETTINGS, *SAMPLER_SETTINGS)})
     return record
