@@ -3,7 +3,6 @@ starting with `error:`, no traceback, the files that must stay as they were (byt
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import subprocess
@@ -39,14 +38,6 @@ def assert_one_line_failure(proc: subprocess.CompletedProcess, pattern: str, sta
     assert sum(line.startswith("error:") for line in lines) == 1, proc.stderr[-3000:]
     assert re.search(pattern, lines[-1]), lines[-1]
     return lines[-1]
-
-
-def tree_digest(path: Path) -> dict[str, str]:
-    """sha256 of every file under `path` (or of `path` itself), by relative name: equal digests = byte-identical."""
-    path = Path(path)
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return {str(p.relative_to(path) if p != path else p.name): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in files}
 
 
 def listing(path: Path) -> list[str]:

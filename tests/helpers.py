@@ -76,6 +76,13 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def tree_digest(path: Path) -> dict[str, str]:
+    """sha256 of every file under `path` (or of `path` itself), by relative name: equal digests = byte-identical."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path) if p != path else p.name): sha256(p) for p in files}
+
+
 # A mini SentEval tree. STS "year" MINI12 has two subsets and blank gold lines (unscored pairs); a tie-heavy gold
 # column; MINI-B is STS-B-formatted; MINI-SICK is SICK-formatted. Sentences repeat across tasks on purpose.
 STS_A = [("a man is playing a guitar .", "a man plays the guitar .", "4.8"),

@@ -3,11 +3,12 @@ checkpoint every 2 steps), snapshots that prove a folder was left byte-identical
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers import tree_digest
 
 REPO = Path(__file__).resolve().parents[1]
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
@@ -31,12 +32,8 @@ def train_py(*args: str, cwd: Path = REPO, timeout: int = 400) -> subprocess.Com
 
 def snapshot(folder: Path) -> dict[str, str]:
     """Every file (sha256 of its bytes) and folder under `folder`: equal snapshots = nothing changed."""
-    folder = Path(folder)
-    state = {}
-    for path in sorted(folder.rglob("*")):
-        name = str(path.relative_to(folder))
-        state[name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "<dir>"
-    return state
+    folders = {str(path.relative_to(folder)): "<dir>" for path in Path(folder).rglob("*") if path.is_dir()}
+    return {**tree_digest(folder), **folders}
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, starts: str) -> str:

@@ -23,7 +23,8 @@ from promptemb.training.checkpointing import (
     remove_orphaned_partials,
 )
 from tests.conftest import REPO
-from tests.faults import assert_one_line_failure, listing, run_entry, tree_digest
+from tests.faults import assert_one_line_failure, listing, run_entry
+from tests.helpers import tree_digest
 from tests.test_train import tiny_overrides
 
 

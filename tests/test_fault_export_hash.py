@@ -18,8 +18,8 @@ from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
 from promptemb.inference.prompt_encoder import PromptEncoder, load_encoder
 from promptemb.lightning_modules.promptbert import PromptBERTSup
-from tests.faults import assert_one_line_failure, listing, run_entry, tree_digest
-from tests.helpers import save_tiny_bert
+from tests.faults import assert_one_line_failure, listing, run_entry
+from tests.helpers import save_tiny_bert, tree_digest
 
 SENTENCES = ["a man is playing a guitar .", "stocks fell on monday ."]
 
