@@ -14,8 +14,9 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
-from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
+from promptemb.common.compilation import compile_problem
 from promptemb.common.errors import ConfigError
 from promptemb.common.validation import register_choices
 from promptemb.encoder.decoder import (
@@ -34,6 +35,21 @@ from promptemb.encoder.template import Template
 PACKAGE_PREFIX = "package:"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 register_choices("dtype", DTYPES)
+#: Evaluation forwards under autocast: `auto` = bf16 on a CUDA device that has it (fp32 weights), none elsewhere.
+AUTOCASTS = ("auto", "bf16", "none")
+register_choices("autocast", AUTOCASTS)
+
+
+def resolve_autocast(setting: str, device: torch.device, dtype: str) -> torch.dtype | None:
+    """The autocast dtype of the evaluation forwards, or None for none. The poolers, cosines and Spearman always run
+    in float32/float64: the hidden states leave the autocast region as float32 (`EncoderOutput.in_float32`)."""
+    if setting not in AUTOCASTS:
+        raise ConfigError(f"unknown autocast {setting!r}; valid: {', '.join(AUTOCASTS)}")
+    if setting == "bf16":
+        return torch.bfloat16
+    if setting == "auto" and device.type == "cuda" and dtype == "float32" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
 QUANTIZATIONS = ("4bit",)
 
 
@@ -80,6 +96,16 @@ def check_model_source(name_or_path: str) -> str:
                 raise ConfigError(f"model weights {weights} are truncated or corrupt ({reason}); download or save "
                                   "the model again") from None
     return path
+
+
+def check_compile(path: str, revision: str | None, device: str) -> None:
+    """`compile=true` only where Inductor runs and only for encoders: the decoder methods' forward hooks (Token
+    Prepending, Contrastive Prompting) are registered per call, which a compiled graph would not see."""
+    if problem := compile_problem(resolve_device(device).type):
+        raise ConfigError(f"backbone.compile=true cannot work on this machine: {problem}; use backbone.compile=false")
+    if is_causal_lm(AutoConfig.from_pretrained(path, revision=revision)):
+        raise ConfigError("backbone.compile=true is for encoder models; decoders run uncompiled: use "
+                          "backbone.compile=false")
 
 
 def check_quantization(quantization: str | None) -> None:
@@ -246,15 +272,25 @@ class Encoder:
         device_map: str | dict | None = None,
         quantization: str | None = None,
         padding_side: str = "right",
+        compile: bool = False,
+        autocast: str = "none",
     ):
         """`device_map` (e.g. "auto") and `quantization` ("4bit", CUDA only) are passed to `from_pretrained` for
-        models too big for one device; `padding_side` applies to decoders (results do not depend on it)."""
+        models too big for one device; `padding_side` applies to decoders (results do not depend on it).
+        `compile`: run the transformer through torch.compile (Inductor, dynamic shapes, weights frozen into the
+        graph, so only for inference): the first batches of each input shape family pay the compilation (about a
+        minute for MiniLM on 2 CPU cores), later ones run faster (docs/benchmarks.md); refused here when Inductor
+        cannot run on this machine. `autocast`: the forwards under bf16 autocast (`bf16`, or `auto`: on CUDA only),
+        pooling and similarities in float32."""
         path = resolve_model_path(name_or_path)
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
         if padding_side not in PADDING_SIDES:
             raise ConfigError(f"unknown padding_side {padding_side!r}; valid: {', '.join(PADDING_SIDES)}")
+        resolve_autocast(autocast, torch.device("cpu"), dtype)  # the value only: the device is known after loading
         check_quantization(quantization)
+        if compile:
+            check_compile(path, revision, device)
         placement = {} if device_map is None else {"device_map": device_map}
         tokenizer, model, loading = load_pretrained(
             name_or_path, mlm_head=mlm_head, revision=revision, dtype=DTYPES[dtype],
@@ -265,8 +301,11 @@ class Encoder:
             device = str(next(model.parameters()).device)
         self._setup(model.base_model if mlm_head else model, tokenizer, name_or_path=name_or_path, path=path,
                     device=device, batch_size=batch_size, max_length=max_length, dtype=dtype,
-                    attentions=attentions, mlm_head=head, progress=progress, padding_side=padding_side)
+                    attentions=attentions, mlm_head=head, progress=progress, padding_side=padding_side,
+                    autocast=autocast)
         self.model = (model if device_map is not None or quantization else model.to(self.device)).eval()
+        if compile:  # in place: parameter names, hooks and `self.model`'s view of the weights stay as they are
+            self.transformer.compile(dynamic=True, options={"freezing": True})
 
     @classmethod
     def from_model(
@@ -281,6 +320,7 @@ class Encoder:
         input_embedder: InputEmbedder | None = None,
         progress: bool = False,
         padding_side: str = "right",
+        autocast: str = "none",
     ) -> Encoder:
         """Wrap an in-memory transformer (left on its device, dtype and train/eval state as given)."""
         encoder = cls.__new__(cls)
@@ -290,12 +330,13 @@ class Encoder:
         encoder._setup(transformer, tokenizer, name_or_path=name, path=name, device=str(device),
                        batch_size=batch_size, max_length=max_length, dtype=dtype, attentions=attentions,
                        mlm_head=mlm_head, progress=progress, input_embedder=input_embedder,
-                       padding_side=padding_side)
+                       padding_side=padding_side, autocast=autocast)
         encoder.model = transformer
         return encoder
 
     def _setup(self, transformer, tokenizer, *, name_or_path, path, device, batch_size, max_length, dtype,
-               attentions, mlm_head, progress, input_embedder=None, padding_side="right") -> None:
+               attentions, mlm_head, progress, input_embedder=None, padding_side="right",
+               autocast="none") -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.name_or_path = name_or_path
@@ -320,6 +361,7 @@ class Encoder:
         #: a causal LM: inputs as the decoder prompt methods build them, causal attention, last-token poolers
         self.is_decoder = is_causal_lm(transformer.config)
         self.padding_side = padding_side
+        self.autocast = resolve_autocast(autocast, self.device, dtype)
 
     def describe(self) -> dict:
         return {
@@ -332,6 +374,7 @@ class Encoder:
             "max_length": self.max_length,
             "dtype": self.dtype,
             "attention": "eager" if self.attentions else "sdpa",
+            "autocast": "bf16" if self.autocast is not None else "none",
             "decoder": self.is_decoder,
             **({"padding_side": self.padding_side} if self.is_decoder else {}),
         }
@@ -456,7 +499,12 @@ class Encoder:
         for start in tqdm(mine, desc=f"encode ({label})", unit="batch", disable=not progress, leave=False):
             batch = builder.collate([items[i] for i in order[start : start + batch_size]])
             with torch.inference_mode():
-                out = self.forward(batch, needs, builder)
+                region = (contextlib.nullcontext() if self.autocast is None
+                          else torch.autocast(self.device.type, dtype=self.autocast))
+                with region:
+                    out = self.forward(batch, needs, builder)
+                if self.autocast is not None:
+                    out = out.in_float32()
                 parts[start] = {pooler.name: pooler(out).float().cpu() for pooler in poolers}
         if self.shard is not None:
             for other in self.shard.gather(parts):

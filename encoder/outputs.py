@@ -39,5 +39,19 @@ class EncoderOutput:
     mlm_head: torch.nn.Module | None = None
     template_bias: dict[int, torch.Tensor] | None = None  # layer -> [B, D] bias of the template at each row's length
 
+    def in_float32(self) -> EncoderOutput:
+        """The same output with every floating tensor in float32 (after a forward under autocast: the poolers then
+        average, weight and subtract in float32)."""
+
+        def cast(tensor):
+            return tensor.float() if tensor is not None and tensor.is_floating_point() else tensor
+
+        self.hidden_states = {layer: cast(states) for layer, states in self.hidden_states.items()}
+        self.attentions = None if self.attentions is None else tuple(cast(a) for a in self.attentions)
+        self.word_embeddings = cast(self.word_embeddings)
+        if self.template_bias is not None:
+            self.template_bias = {layer: cast(bias) for layer, bias in self.template_bias.items()}
+        return self
+
     def layer(self, index: int) -> torch.Tensor:
         return self.hidden_states[normalize_layer(index, self.num_layers)]

@@ -60,6 +60,8 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
         device_map=model.get("device_map"),
         quantization=model.get("quantization"),
         padding_side=model.get("padding_side", "right"),
+        compile=bool(model.get("compile", False)),
+        autocast=str(model.get("autocast", "auto")),
     )
 
 

@@ -201,7 +201,7 @@ class PromptContrastiveModule(pl.LightningModule):
     def evaluation_encoder(self, batch_size: int = 128) -> Encoder:
         return Encoder.from_model(self.transformer, self.tokenizer, name=self.hparams.model_name_or_path,
                                   batch_size=batch_size, max_length=self.max_length,
-                                  input_embedder=self.input_embedder)
+                                  input_embedder=self.input_embedder, autocast="auto")
 
     # -- optimisation ---------------------------------------------------------------------------------------------
 

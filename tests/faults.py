@@ -4,7 +4,6 @@ starting with `error:`, no traceback, the files that must stay as they were (byt
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,15 +28,6 @@ def run_entry(script: str, *overrides: str, data_root: Path | str | None = None,
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def assert_one_line_failure(proc: subprocess.CompletedProcess, pattern: str, status: int = 2) -> str:
-    """Exit `status`, no traceback, and a last stderr line starting `error:` that matches `pattern`; returns it."""
-    assert proc.returncode == status, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = proc.stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("error: "), proc.stderr[-3000:]
-    assert sum(line.startswith("error:") for line in lines) == 1, proc.stderr[-3000:]
-    assert re.search(pattern, lines[-1]), lines[-1]
-    return lines[-1]
 
 
 def listing(path: Path) -> list[str]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
+import subprocess
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -178,3 +180,23 @@ class PoisonWeights(pl.Callback):
                 for parameter in pl_module.parameters():
                     if parameter.requires_grad:
                         parameter.fill_(float("nan"))
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, pattern: str, *left_out: Path, status: int = 2) -> str:
+    """What every refusal must look like: exit `status`, no traceback anywhere, exactly one stderr line starting
+    `error: `, which is the last line and matches `pattern` (re.search), and none of `left_out` exists (a refused
+    command leaves nothing behind). Returns the line."""
+    assert proc.returncode == status, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr + (proc.stdout or ""), proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), proc.stderr[-3000:]
+    assert sum(line.startswith("error:") for line in lines) == 1, proc.stderr[-3000:]
+    assert re.search(pattern, lines[-1]), lines[-1]
+    for path in left_out:
+        assert not Path(path).exists(), f"a refused command left {path} behind"
+    return lines[-1]
+
+
+def error_starting(text: str) -> str:
+    """The pattern of an error line that starts with `text` verbatim."""
+    return "^error: " + re.escape(text)

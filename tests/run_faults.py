@@ -35,11 +35,3 @@ def snapshot(folder: Path) -> dict[str, str]:
     folders = {str(path.relative_to(folder)): "<dir>" for path in Path(folder).rglob("*") if path.is_dir()}
     return {**tree_digest(folder), **folders}
 
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, starts: str) -> str:
-    """Exit status `code`, the last stderr line is `error: <starts>...`, no traceback anywhere; returns that line."""
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == code, proc.stderr[-3000:]
-    assert lines and lines[-1].startswith("error: " + starts), proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr + proc.stdout
-    return lines[-1]

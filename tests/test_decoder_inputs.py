@@ -15,7 +15,8 @@ from promptemb.poolers import build_pooler
 from promptemb.poolers.decoder import ECHO_DOCUMENT, PROMPTEOL
 from tests.decoder_helpers import SENTENCES, load_causal_lm, save_tiny_decoder
 from tests.decoder_references import echo_reference, last_token_reference
-from tests.test_evaluate_cli import assert_one_line_error, evaluate
+from tests.helpers import assert_one_line_error
+from tests.test_evaluate_cli import evaluate
 
 SMALL_HOOKS = {"token_prepending": {"layer": 2, "exit": 2}, "contrastive_prompting": {"layer": 2, "act_layer": 1}}
 METHODS = ["prompteol", "pcot", "echo", "echo_mean", "token_prepending", "contrastive_prompting"]

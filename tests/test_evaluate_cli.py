@@ -2,7 +2,6 @@
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import yaml
 from promptemb.encoder.model import Encoder
 from promptemb.poolers import build_pooler
 from tests.conftest import REPO
-from tests.helpers import sha256
+from tests.helpers import assert_one_line_error, sha256
 
 PROMPT = """template.text='This sentence : "[X]" means [MASK] .'"""  # quoted for Hydra, as docs/evaluation.md says
 
@@ -28,13 +27,6 @@ def evaluate(*overrides, data_root=None, env_extra=None):
                           capture_output=True, text=True, timeout=300)
 
 
-def assert_one_line_error(proc, pattern, output_dir=None):
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, proc.stderr
-    assert re.search(pattern, lines[0]), lines[0]
-    if output_dir is not None:
-        assert not output_dir.exists(), "a failed run must not leave output files"
 
 
 def test_score_writes_results_with_provenance(mini_data, tiny_bert, tmp_path):

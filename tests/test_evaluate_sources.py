@@ -14,7 +14,8 @@ from promptemb.evaluation.runner import run
 from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.training.runner import train
 from tests.conftest import REPO
-from tests.test_evaluate_cli import assert_one_line_error, evaluate
+from tests.helpers import assert_one_line_error
+from tests.test_evaluate_cli import evaluate
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
 TASK = "STSBenchmark"

@@ -23,8 +23,8 @@ from promptemb.training.checkpointing import (
     remove_orphaned_partials,
 )
 from tests.conftest import REPO
-from tests.faults import assert_one_line_failure, listing, run_entry
-from tests.helpers import tree_digest
+from tests.faults import listing, run_entry
+from tests.helpers import assert_one_line_error, tree_digest
 from tests.test_train import tiny_overrides
 
 
@@ -121,7 +121,7 @@ def test_train_py_at_the_file_size_limit_fails_in_one_line_with_checkpoints_inta
     size_kb = (checkpoints / "last.ckpt").stat().st_size // 1024
     resumed = run_entry("train.py", *base, "trainer.max_steps=4", f"ckpt_path={checkpoints / 'last.ckpt'}",
                         data_root=real_data_root, cwd=tmp_path, prefix=f"ulimit -f {size_kb // 2};")
-    assert_one_line_failure(resumed, r"^error: could not write checkpoint .*: File too large; the checkpoints "
+    assert_one_line_error(resumed, r"^error: could not write checkpoint .*: File too large; the checkpoints "
                                      r"written before are intact")
     assert tree_digest(checkpoints) == before
     assert not [p for p in checkpoints.iterdir() if p.name.endswith(PARTIAL_SUFFIX)]

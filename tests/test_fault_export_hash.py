@@ -18,8 +18,8 @@ from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
 from promptemb.inference.prompt_encoder import PromptEncoder, load_encoder
 from promptemb.lightning_modules.promptbert import PromptBERTSup
-from tests.faults import assert_one_line_failure, listing, run_entry
-from tests.helpers import save_tiny_bert, tree_digest
+from tests.faults import listing, run_entry
+from tests.helpers import assert_one_line_error, save_tiny_bert, tree_digest
 
 SENTENCES = ["a man is playing a guitar .", "stocks fell on monday ."]
 
@@ -115,7 +115,7 @@ def test_evaluate_refuses_swapped_weights(exports, mini_data, tmp_path):
     damaged = damaged_copy(exports, tmp_path, "other_model")
     before, everything = tree_digest(damaged), listing(tmp_path)
     refused = evaluate_export(damaged, mini_data, tmp_path / "scores")
-    assert_one_line_failure(refused, r"the weights are not the ones exported \(model\.safetensors has sha256")
+    assert_one_line_error(refused, r"the weights are not the ones exported \(model\.safetensors has sha256")
     assert tree_digest(damaged) == before and listing(tmp_path) == everything  # nothing changed, nothing left
 
 

@@ -12,7 +12,8 @@ import torch
 from omegaconf import OmegaConf
 
 from promptemb.training.memory import TrainingOutOfMemoryError, is_out_of_memory, out_of_memory_is_one_line
-from tests.faults import assert_one_line_failure, run_entry
+from tests.faults import run_entry
+from tests.helpers import assert_one_line_error
 from tests.test_train import tiny_overrides
 
 
@@ -47,7 +48,7 @@ def test_out_of_memory_in_training_is_one_line_and_marks_the_run_failed(kind, ti
                      "callbacks.model_checkpoint.save_top_k=0", "callbacks.sts_evaluation.score_best_at_end=false",
                      "+callbacks.oom._target_=tests.faults.RunOutOfMemory", "+callbacks.oom.step=2",
                      f"+callbacks.oom.kind={kind}", data_root=real_data_root, cwd=tmp_path)
-    line = assert_one_line_failure(proc, r"^error: out of memory at step 2 \(")
+    line = assert_one_line_error(proc, r"^error: out of memory at step 2 \(")
     for fix in ("data.batch_size (now 4)", "model.grad_cache_chunk_size=N", "model.gradient_checkpointing=true"):
         assert fix in line
     status = json.loads((out / "status.json").read_text())

@@ -14,7 +14,8 @@ from promptemb.common.errors import ConfigError
 from promptemb.common.validation import RANGES, check_value
 from promptemb.evaluation.config_checks import check_mode_keys
 from promptemb.training.command_line import check_experiment_overrides, check_train_only_keys
-from tests.faults import assert_one_line_failure, listing, run_entry
+from tests.faults import listing, run_entry
+from tests.helpers import assert_one_line_error
 
 ENTRY_CHECKS = {"train": (check_experiment_overrides, check_train_only_keys), "evaluate": (check_mode_keys("score"),),
                 "encode": (check_mode_keys("encode"),), "export": ()}
@@ -86,5 +87,5 @@ def test_entry_points_exit_2_with_one_line_and_leave_nothing(script, argv, patte
     out = tmp_path / "out"
     extra = [f"output_dir={out}"] if script != "export.py" else []
     proc = run_entry(script, *argv, *extra, data_root=real_data_root, cwd=tmp_path)
-    assert_one_line_failure(proc, pattern)
+    assert_one_line_error(proc, pattern)
     assert listing(tmp_path) == []

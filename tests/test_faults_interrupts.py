@@ -14,7 +14,8 @@ import torch
 import yaml
 
 from tests.conftest import REPO
-from tests.run_faults import assert_one_line_error, fast_overrides, train_py
+from tests.helpers import assert_one_line_error, error_starting
+from tests.run_faults import fast_overrides, train_py
 
 SIGINT_AT = ["+callbacks.kill._target_=tests.helpers.KillAtStep", "+callbacks.kill.signum=2"]
 
@@ -30,7 +31,7 @@ def test_ctrl_c_in_a_sweep_trial_records_it_and_writes_the_sweep_summary(tiny_be
     sweep = tmp_path / "sweep"
     base = [o for o in fast_overrides(tiny_bert, real_data_root, tmp_path / "unused") if not o.startswith("output")]
     proc = train_py("-m", *base, *SIGINT_AT, "+callbacks.kill.step=3,3", f"hydra.sweep.dir={sweep}")
-    line = assert_one_line_error(proc, 130, "interrupted (Ctrl-C) at step 3; resume with: ")
+    line = assert_one_line_error(proc, error_starting("interrupted (Ctrl-C) at step 3; resume with: "), status=130)
     assert f"output_dir={sweep / '0'} ckpt_path={sweep / '0' / 'checkpoints' / 'last.ckpt'}" in line
     status = json.loads((sweep / "0" / "status.json").read_text())
     assert status["status"] == "interrupted" and status["reason"].startswith("interrupted (Ctrl-C) at step 3")
@@ -45,7 +46,7 @@ def test_the_interrupted_trial_resumes_with_the_printed_command(tiny_bert, real_
     sweep = tmp_path / "sweep"
     base = [o for o in fast_overrides(tiny_bert, real_data_root, tmp_path / "unused") if not o.startswith("output")]
     proc = train_py("-m", *base, *SIGINT_AT, "+callbacks.kill.step=3", f"hydra.sweep.dir={sweep}")
-    line = assert_one_line_error(proc, 130, "interrupted (Ctrl-C) at step 3; resume with: ")
+    line = assert_one_line_error(proc, error_starting("interrupted (Ctrl-C) at step 3; resume with: "), status=130)
     resumed = run_printed_command(line.replace("+callbacks.kill.step=3", "+callbacks.kill.step=99"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert torch.load(sweep / "0" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
@@ -57,8 +58,8 @@ def test_ctrl_c_before_the_first_checkpoint_leaves_nothing(tiny_bert, real_data_
     out = tmp_path / "logs" / "run"
     proc = train_py(*fast_overrides(tiny_bert, real_data_root, out), *SIGINT_AT,
                     "+callbacks.kill.step=1", cwd=tmp_path)
-    assert_one_line_error(proc, 130, "interrupted (Ctrl-C) at step 1; no checkpoint was saved, so there is nothing "
-                                     "to resume")
+    assert_one_line_error(proc, error_starting("interrupted (Ctrl-C) at step 1; no checkpoint was saved, so there "
+                                               "is nothing to resume"), status=130)
     assert not (tmp_path / "logs").exists()
 
 
@@ -71,7 +72,8 @@ def test_sigterm_hint_is_the_exact_command_even_with_output_dir(tiny_bert, real_
                     "+callbacks.kill.signum=15"]
     proc = train_py(*fast_overrides(tiny_bert, real_data_root, out), *sigterm_at_3, cwd=REPO)
     last = out.resolve() / "checkpoints" / "last.ckpt"
-    line = assert_one_line_error(proc, 143, f"preempted (SIGTERM) at step 3: saved {last}; resume with: ")
+    line = assert_one_line_error(proc, error_starting(f"preempted (SIGTERM) at step 3: saved {last}; resume with: "),
+                                 status=143)
     assert line.endswith(f"output_dir={out.resolve()} ckpt_path={last}")
     assert json.loads((out / "status.json").read_text())["status"] == "preempted"
     resumed = run_printed_command(line.replace("+callbacks.kill.step=3", "+callbacks.kill.step=99"))
@@ -90,7 +92,7 @@ def test_ctrl_c_in_an_optuna_trial_writes_the_study_and_its_table(tiny_bert, rea
     out = tmp_path / "study"
     proc = train_py(f"--config-dir={tmp_path / 'configs'}", *fast_overrides(tiny_bert, real_data_root, out),
                     "hparams_search=two", *SIGINT_AT, "+callbacks.kill.step=3")
-    line = assert_one_line_error(proc, 130, "interrupted (Ctrl-C) at step 3; resume with: ")
+    line = assert_one_line_error(proc, error_starting("interrupted (Ctrl-C) at step 3; resume with: "), status=130)
     trial = out / "trials" / "0"
     assert line.endswith(f"optimizer.lr=0.0001 output_dir={trial.resolve()} "
                          f"ckpt_path={(trial / 'checkpoints' / 'last.ckpt').resolve()}")

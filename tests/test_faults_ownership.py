@@ -20,14 +20,15 @@ from promptemb.common.errors import ConfigError, DataError
 from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.training.run_lock import LOCK_FILE, check_run_folder, lock_holder, run_folder_lock
 from promptemb.training.trials import before_the_run, run_trial
-from tests.run_faults import WIKI_SAMPLE, assert_one_line_error, fast_overrides, snapshot, train_py
+from tests.helpers import assert_one_line_error, error_starting
+from tests.run_faults import WIKI_SAMPLE, fast_overrides, snapshot, train_py
 
 
 def test_fresh_run_into_a_finished_runs_folder_is_refused(finished_run):
     out = finished_run["out"]
     before = snapshot(out)
     proc = train_py(*finished_run["overrides"])
-    line = assert_one_line_error(proc, 2, f"output_dir {out} already holds a run (completed); ")
+    line = assert_one_line_error(proc, error_starting(f"output_dir {out} already holds a run (completed); "))
     assert f"resume it with ckpt_path={out / 'checkpoints' / 'last.ckpt'}" in line and "overwrite=true" in line
     assert snapshot(out) == before
 
@@ -64,7 +65,7 @@ def test_resume_into_a_folder_a_live_run_holds_is_refused_in_one_line(finished_r
         inside = snapshot(out)
         proc = train_py(*finished_run["overrides"], "trainer.max_steps=6",
                         f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}")
-        assert_one_line_error(proc, 2, f"output_dir {out} is in use by a live run (pid {os.getpid()} on ")
+        assert_one_line_error(proc, error_starting(f"output_dir {out} is in use by a live run (pid {os.getpid()} on "))
         assert snapshot(out) == inside
     assert snapshot(out) == before
 
@@ -110,7 +111,7 @@ def test_a_run_that_fails_without_a_checkpoint_leaves_nothing_behind(fault, extr
         corpus.write_bytes(extra.pop(0)[len("CORPUS="):].encode("latin-1"))
     out = tmp_path / "logs" / "run"
     proc = train_py(*fast_overrides(tiny_bert, real_data_root, out, corpus, *extra), cwd=tmp_path)
-    assert_one_line_error(proc, 2, message)
+    assert_one_line_error(proc, error_starting(message))
     assert not (tmp_path / "logs").exists()
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -19,6 +20,7 @@ from torch.utils.data import DataLoader
 from bench import gpu_validation
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.common.errors import ConfigError
+from promptemb.encoder.outputs import EncoderOutput
 from promptemb.lightning_modules import base
 from promptemb.lightning_modules.base import optimizer_options
 from promptemb.lightning_modules.grad_cache import TemplateBiasCache, split_batch
@@ -28,10 +30,11 @@ from promptemb.training import rng_state
 from promptemb.training.config_checks import check_train_config
 from promptemb.training.trainer import Trainer, enable_tf32
 from tests.conftest import REPO
+from tests.helpers import assert_one_line_error
 from tests.test_ddp import free_port
 from tests.test_grad_cache import SENTENCES
 from tests.test_train import WIKI_SAMPLE, compose_train
-from tests.test_validation import assert_one_line_error, run, train_overrides
+from tests.test_validation import run, train_overrides
 
 ACCELERATOR = torch.device("cuda", 0)
 
@@ -384,6 +387,45 @@ def test_compiled_backbone_trains_to_the_same_weights_on_cpu(tiny_bert):
         torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_encoder_compile_where_it_cannot_work_is_one_line_before_loading(tiny_bert, tmp_path):
+    """backbone.compile=true: no C++ compiler (emulated as above) and a decoder are refused before the weights load."""
+    from torch._inductor import config as inductor_config
+
+    from promptemb.encoder.model import Encoder
+    from tests.decoder_helpers import save_tiny_decoder
+
+    with inductor_config.patch({"cpp.cxx": (None, "no-such-c++-compiler")}), pytest.raises(
+            ConfigError, match=r"^backbone\.compile=true cannot work on this machine: no C\+\+ compiler for "
+                               r"Inductor's CPU kernels \(looked for no-such-c\+\+-compiler\); use "
+                               r"backbone\.compile=false$"):
+        Encoder(str(tiny_bert), device="cpu", compile=True)
+    decoder = save_tiny_decoder(tmp_path / "llama", "llama", layers=2, hidden=32)
+    with pytest.raises(ConfigError, match=r"^backbone\.compile=true is for encoder models; decoders run uncompiled: "
+                                          r"use backbone\.compile=false$"):
+        Encoder(str(decoder), device="cpu", compile=True)
+
+
+@pytest.mark.slow  # Inductor compiles two graphs (padded and unpadded batches): ~40 s on an idle 2-core CPU
+def test_compiled_encoder_embeds_what_the_eager_encoder_embeds(tiny_bert):
+    """backbone.compile=true (Inductor, dynamic shapes, frozen weights) on a tiny BERT on the CPU: every pooler's
+    embeddings equal the eager encoder's to compiled-kernel round-off, over batches of several lengths, padded
+    and unpadded."""
+    from promptemb.encoder.model import Encoder
+    from promptemb.encoder.template import Template
+    from promptemb.poolers import build_poolers
+
+    sentences = [" ".join(["word"] * n) + f" {n}" for n in (1, 3, 3, 7, 12, 12, 12, 30)]
+    poolers = build_poolers(["mean", "cls", "mask"])
+    template = Template("This sentence : \"[X]\" means [MASK] .")
+    eager = Encoder(str(tiny_bert), device="cpu", batch_size=3, progress=False)
+    compiled = Encoder(str(tiny_bert), device="cpu", batch_size=3, progress=False, compile=True)
+    assert compiled.transformer._compiled_call_impl is not None
+    expected, got = eager.embed(sentences, poolers, template), compiled.embed(sentences, poolers, template)
+    for name in expected:
+        torch.testing.assert_close(torch.from_numpy(got[name]), torch.from_numpy(expected[name]), rtol=1e-4,
+                                   atol=1e-5, msg=name)
+
+
 @pytest.mark.slow  # three processes importing torch and Lightning: ~40 s on an idle 2-core CPU
 def test_two_nodes_of_one_process_equal_one_process_on_the_joined_batch(tiny_bert, tmp_path):
     """2 nodes x 1 process simulated on localhost: two Lightning DDP processes (gloo), each with the environment a
@@ -448,3 +490,61 @@ def test_gpu_validation_knows_the_dense_bf16_peaks():
     assert gpu_validation.dense_bf16_peak("NVIDIA H100 PCIe") == 756.0
     assert gpu_validation.dense_bf16_peak("NVIDIA H200") == 989.0
     assert gpu_validation.dense_bf16_peak("Some GPU") is None
+
+
+def test_evaluation_autocast_is_bf16_on_cuda_only_when_auto(monkeypatch):
+    """`autocast=auto` (the backbone config's and the training evaluation's default): bf16 on a CUDA device with
+    bf16 (emulated: torch.cuda.is_bf16_supported patched), none on the CPU or for bf16 weights; `bf16` forces it."""
+    from promptemb.encoder.model import resolve_autocast
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert resolve_autocast("auto", torch.device("cuda", 0), "float32") is torch.bfloat16
+    assert resolve_autocast("auto", torch.device("cuda", 0), "bfloat16") is None
+    assert resolve_autocast("auto", torch.device("cpu"), "float32") is None
+    assert resolve_autocast("none", torch.device("cuda", 0), "float32") is None
+    assert resolve_autocast("bf16", torch.device("cpu"), "float32") is torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert resolve_autocast("auto", torch.device("cuda", 0), "float32") is None
+    with pytest.raises(ConfigError, match=r"^unknown autocast 'fp8'; valid: auto, bf16, none$"):
+        resolve_autocast("fp8", torch.device("cpu"), "float32")
+
+
+def test_evaluation_under_bf16_autocast_pools_in_float32(tiny_bert):
+    """`autocast=bf16` on the CPU (CPU autocast runs the same bf16 matmuls a GPU would): the transformer's linear
+    layers compute in bf16, the states reach the poolers as float32, the embeddings stay close to the fp32 ones,
+    and the model description records it."""
+    from promptemb.encoder.model import Encoder
+    from promptemb.encoder.template import Template
+    from promptemb.poolers import build_poolers
+
+    sentences = ["a man is playing a guitar .", "two dogs run", "the cat sleeps on the warm mat today", "hi"]
+    poolers = build_poolers(["mean", "mask", "mask_denoised"])
+    template = Template('This sentence : "[X]" means [MASK] .')
+    exact = Encoder(str(tiny_bert), device="cpu", batch_size=2, progress=False)
+    mixed = Encoder(str(tiny_bert), device="cpu", batch_size=2, progress=False, autocast="bf16")
+    assert exact.describe()["autocast"] == "none" and mixed.describe()["autocast"] == "bf16"
+    seen, pooled = [], []
+    dense = mixed.transformer.encoder.layer[0].intermediate.dense
+    handle = dense.register_forward_hook(lambda module, args, output: seen.append(output.dtype))
+    original = EncoderOutput.in_float32
+
+    def spy(self):
+        result = original(self)
+        pooled.extend(states.dtype for states in result.hidden_states.values())
+        return result
+
+    try:
+        EncoderOutput.in_float32 = spy
+        got = mixed.embed(sentences, poolers, template)
+    finally:
+        EncoderOutput.in_float32 = original
+        handle.remove()
+    expected = exact.embed(sentences, poolers, template)
+    assert seen and set(seen) == {torch.bfloat16}
+    assert pooled and set(pooled) == {torch.float32}
+    for name in expected:
+        assert got[name].dtype == np.float32
+        cosines = (got[name] * expected[name]).sum(1) / (
+            np.linalg.norm(got[name], axis=1) * np.linalg.norm(expected[name], axis=1))
+        assert cosines.min() > 0.99, (name, cosines)
+        assert not np.array_equal(got[name], expected[name])  # bf16 matmuls really ran

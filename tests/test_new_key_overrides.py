@@ -8,7 +8,8 @@ import pytest
 
 from promptemb.evaluation.pooler_variants import post_processed
 from promptemb.postprocessing import build_post
-from tests.test_evaluate_cli import assert_one_line_error, evaluate
+from tests.helpers import assert_one_line_error
+from tests.test_evaluate_cli import evaluate
 
 
 @pytest.mark.parametrize(("override", "line"), [

@@ -16,6 +16,7 @@ from promptemb.common.validation import check_value, describe
 from promptemb.evaluation.config_checks import check_evaluate_config
 from promptemb.training.config_checks import check_train_config
 from tests.conftest import REPO
+from tests.helpers import assert_one_line_error
 from tests.test_train import WIKI_SAMPLE, compose_train
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
@@ -29,14 +30,6 @@ def run(script, *overrides, cwd=REPO, data_root=None):
                           text=True, timeout=300)
 
 
-def assert_one_line_error(proc, pattern, *left_out: Path):
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, proc.stderr[-3000:]
-    assert re.search(pattern, lines[0]), lines[0]
-    for path in left_out:
-        assert not path.exists(), f"a failed run left {path} behind"
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,10 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytorch_lightning as pl
 import torch
 
+from promptemb.common.compilation import compile_problem
 from promptemb.common.errors import ConfigError
 
 
@@ -24,26 +23,6 @@ def enable_tf32(device: torch.device) -> bool:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     return True
-
-
-def compile_problem(accelerator: str | None) -> str | None:
-    """Why torch.compile cannot run here for this accelerator (None when it can): TorchDynamo unsupported on this
-    Python, no C++ compiler for Inductor's CPU kernels, or no Triton for its CUDA kernels."""
-    import torch._dynamo
-    from torch._inductor import config as inductor_config
-
-    if not torch._dynamo.is_dynamo_supported():
-        return "TorchDynamo does not support this Python/platform"
-    on_cuda = accelerator in ("gpu", "cuda") or (accelerator in (None, "auto") and torch.cuda.is_available())
-    if on_cuda:
-        from torch.utils._triton import has_triton
-
-        return None if has_triton() else "Triton is not installed (Inductor's CUDA kernels need it)"
-    compilers = inductor_config.cpp.cxx if isinstance(inductor_config.cpp.cxx, list | tuple) else (
-        inductor_config.cpp.cxx,)
-    if not any(name and shutil.which(name) for name in compilers):
-        return f"no C++ compiler for Inductor's CPU kernels (looked for {', '.join(map(str, filter(None, compilers)))})"
-    return None
 
 
 def check_compile(compile: bool, accelerator: str | None) -> None:
