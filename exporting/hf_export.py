@@ -1,5 +1,7 @@
 """The Hugging Face part of an export: transformer + tokenizer via `save_pretrained`, the `promptemb` record in
-config.json, and the extra trained tensors (supervised head, OptiPrompt soft template) as safetensors files."""
+config.json, and the extra trained tensors (supervised head, OptiPrompt soft template) as safetensors files. A decoder
+that keeps its LoRA adapter writes the base model's config.json (no base weights: the record names the base model and
+its weights sha256) and peft's adapter files in `adapter/`."""
 
 from __future__ import annotations
 
@@ -8,14 +10,18 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from promptemb.inference.prompt_encoder import PromptEncoder, weights_sha256
+from promptemb.inference.prompt_encoder import ADAPTER_DIR, PromptEncoder, weights_sha256
 
 
 def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:
     """Write into an existing empty `directory`; return the promptemb record written to config.json (with the
     sha256 of every weight file, written last so that it covers them all)."""
     record = encoder.record()
-    encoder.transformer.save_pretrained(directory, safe_serialization=True)
+    if encoder.adapter is not None:  # a peft model: its adapter files, and the base model's config
+        encoder.transformer.save_pretrained(directory / ADAPTER_DIR, safe_serialization=True)
+        encoder.transformer.get_base_model().config.save_pretrained(directory)
+    else:
+        encoder.transformer.save_pretrained(directory, safe_serialization=True)
     encoder.tokenizer.save_pretrained(directory)
     head = record["pooler"]["head"]
     if head is not None:

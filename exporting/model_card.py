@@ -7,6 +7,9 @@ from promptemb.evaluation.report import markdown_table
 
 def describe_pooler(record: dict) -> str:
     pooler = record["pooler"]
+    if pooler["name"] == "last_token":
+        return (f"`last_token`: layer {pooler['layer']} state (hidden_states[-1] is after the final norm) at the "
+                "last token of the filled template (PromptEOL-style)")
     if pooler["name"] == "avg":
         return f"`avg`: mean of layer {pooler['layer']} over all tokens of the templated input (template included)"
     text = f"`mask`: layer {pooler['layer']} state at the template's [MASK]"
@@ -26,6 +29,16 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
     soft = "no"
     if record["soft_template"]:
         soft = f"yes, {record['soft_template']['size']} trained vectors written into the input embeddings"
+    if record.get("decoder"):
+        layout = ("A prompt-based sentence embedding of a decoder (causal LM). The sentence fills the template, which "
+                  "is tokenized as one string with the tokenizer's own special tokens; only the sentence is truncated "
+                  "(the template's last token, the pooled one, always stays); padding on either side gives the "
+                  "same embeddings (position ids count real tokens).")
+    else:
+        layout = ("A prompt-based sentence encoder trained with promptemb. The sentence is placed in a template at the "
+                  "token level (`[CLS] prefix sentence suffix [SEP]`; only the sentence is truncated) and pooled as "
+                  "below.")
+    adapter = record.get("adapter")
     lines = [
         "---",
         "library_name: sentence-transformers",
@@ -33,17 +46,22 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
         "tags: [sentence-transformers, sentence-similarity, feature-extraction, promptemb, promptbert]",
         "---",
         "",
-        f"# {source.get('module', 'promptemb').rsplit('.', 1)[-1]} on `{source.get('base_model')}` (promptemb export)",
+        f"# {(source.get('module') or 'template').rsplit('.', 1)[-1]} on `{source.get('base_model')}` "
+        "(promptemb export)",
         "",
-        "A prompt-based sentence encoder trained with promptemb. The sentence is placed in a template at the token "
-        "level (`[CLS] prefix sentence suffix [SEP]`; only the sentence is truncated) and pooled as below.",
+        layout,
         "",
         f"* template: `{record['template']}` (sentence rule: `{record['sentence_rule']}`)",
         f"* pooler: {describe_pooler(record)}",
         f"* soft template (OptiPrompt): {soft}",
+        *([f"* LoRA adapter kept (`{adapter['dir']}/`, peft): applied to base model `{adapter['base_model']}`, "
+           f"whose weights must hash to sha256 `{adapter['base_weights_sha256']}`; needs `pip install peft`"]
+          if adapter else []),
         f"* max length {record['max_length']} tokens, sentence truncated to {record['max_sentence_tokens']} tokens",
         f"* source checkpoint: `{source.get('checkpoint')}` (sha256 `{source.get('checkpoint_sha256')}`, "
-        f"step {source.get('global_step')}), promptemb {record['framework_version']}",
+        f"step {source.get('global_step')}), promptemb {record['framework_version']}" if source.get("checkpoint") else
+        f"* source: the plain model `{source.get('base_model')}` (not trained by promptemb), promptemb "
+        f"{record['framework_version']}",
         "",
         "## Use",
         "",
@@ -57,7 +75,7 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
         "With promptemb installed (the framework's own encoder and poolers):",
         "",
         "```python",
-        "from inference import load_encoder",
+        "from promptemb.inference import load_encoder",
         "embeddings = load_encoder(DIR).encode([\"A man is playing a guitar.\"])",
         "```",
         "",

@@ -1,5 +1,7 @@
-"""What export.py runs: checkpoint -> one directory that is a Hugging Face model dir and a sentence-transformers
-model, written to a temporary directory beside `out` and renamed into place at the end (never half-written)."""
+"""What export.py runs: checkpoint (or a plain model with a template) -> one directory that is a Hugging Face model
+dir and a sentence-transformers model, written to a temporary directory beside `out` and renamed into place at the
+end (never half-written). Encoders pool [MASK] or avg, decoders (causal LMs) their template's last token; a LoRA
+checkpoint is merged into full weights (`adapter=merge`) or kept as a peft adapter on its base (`adapter=keep`)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
 from promptemb.inference.model_sources import best_checkpoint, source_kind
-from promptemb.inference.prompt_encoder import PromptEncoder, export_block
+from promptemb.inference.prompt_encoder import ADAPTER_MODES, PromptEncoder, check_adapter_option, export_block
+from promptemb.lightning_modules.checkpoint import module_class_path, read_checkpoint
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -51,10 +54,12 @@ def run_scores(checkpoint: Path, encoder: PromptEncoder) -> tuple[dict | None, s
     results = checkpoint.resolve().parent.parent / "results.json"
     if not results.is_file():
         return None, None
+    # a decoder checkpoint's last-token pooler is logged under the recipes' selection name, `mask`
+    name = "mask" if encoder.is_decoder else encoder.pooler_name
     try:
         data = json.loads(results.read_text(encoding="utf-8"))
         scored = Path(data["provenance"]["model"]["checkpoint"])
-        scored_pooler = data["provenance"]["poolers"][encoder.pooler_name]
+        scored_pooler = data["provenance"]["poolers"][name]
     except (json.JSONDecodeError, KeyError, TypeError):
         return None, None
     same_pooler = bool(scored_pooler.get("denoise", False)) == encoder.denoise
@@ -80,17 +85,64 @@ def export_checkpoint(
     score_tasks: tuple[str, ...] | list[str] = ("STSBenchmark",),
     data_root: str | None = None,
     base_model: str | None = None,
+    adapter: str | None = None,
 ) -> Path:
-    """Export `ckpt` to `out`; returns `out`. Nothing is written unless the whole export succeeds."""
+    """Export `ckpt` to `out`; returns `out`. Nothing is written unless the whole export succeeds. `adapter`
+    (checkpoints of the LoRA recipe only): "merge" (None: the same) or "keep"."""
     if not ckpt or not out:
         raise ConfigError("export needs ckpt=PATH (a train.py checkpoint or run folder) and out=DIR (the export "
                           "directory)")
     ckpt, out = Path(ckpt), Path(out)
+    if adapter is not None and adapter not in ADAPTER_MODES:
+        raise ConfigError(f"unknown adapter={adapter}; valid: {', '.join(ADAPTER_MODES)}")
     if source_kind(str(ckpt)) == "run":  # a train.py run folder: its best checkpoint
         ckpt = best_checkpoint(ckpt)
     check_out(out, overwrite)
-    encoder = PromptEncoder.from_checkpoint(ckpt, base_model=base_model, pooler=pooler, denoise=denoise)
+    class_path = module_class_path(read_checkpoint(ckpt))  # the header only: refuse a wrong adapter= before work
+    check_adapter_option(ckpt, class_path, adapter)
+    if class_path.endswith(".PromptEOLSup") and adapter is None:
+        adapter = "merge"
+    encoder = PromptEncoder.from_checkpoint(ckpt, base_model=base_model, pooler=pooler, denoise=denoise,
+                                            adapter=adapter)
     scores, score_source = run_scores(ckpt, encoder)
+    return write_export(encoder, out, scores, score_source, score=score, score_tasks=score_tasks,
+                        data_root=data_root)
+
+
+def export_model(
+    model: str | None,
+    out: str | Path | None,
+    *,
+    template: str | None = None,
+    sentence_rule: str | None = None,
+    pooler: str | None = None,
+    layer: int = -1,
+    max_length: int | None = None,
+    max_sentence_tokens: int | None = None,
+    padding_side: str | None = None,
+    overwrite: bool = False,
+    score: bool = False,
+    score_tasks: tuple[str, ...] | list[str] = ("STSBenchmark",),
+    data_root: str | None = None,
+) -> Path:
+    """Export a plain model (hub name, local directory or `package:MODULE`, encoder or decoder) with a template;
+    a decoder pools the template's last token (default template PromptEOL's), an encoder its [MASK] (default
+    PromptBERT's) or avg."""
+    if not model or not out:
+        raise ConfigError("export needs pretrained=NAME_OR_PATH (a plain encoder or decoder) and out=DIR (the export "
+                          "directory)")
+    out = Path(out)
+    check_out(out, overwrite)
+    encoder = PromptEncoder.from_pretrained(model, template=template, sentence_rule=sentence_rule, pooler=pooler,
+                                            layer=layer, max_length=max_length,
+                                            max_sentence_tokens=max_sentence_tokens,
+                                            padding_side=padding_side or "left")
+    return write_export(encoder, out, None, None, score=score, score_tasks=score_tasks, data_root=data_root)
+
+
+def write_export(encoder: PromptEncoder, out: Path, scores: dict | None, score_source: str | None, *, score: bool,
+                 score_tasks, data_root: str | None) -> Path:
+    """Score (when asked), then write the export to a temporary directory beside `out` and rename it into place."""
     if score:
         scores = score_encoder(encoder, list(score_tasks), data_root)
         score_source = f"export.py score=true with the exported pooler on {', '.join(score_tasks)}"

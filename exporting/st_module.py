@@ -1,4 +1,5 @@
-"""sentence-transformers module of a promptemb export: prompt template at the token level + [MASK] / avg pooling.
+"""sentence-transformers module of a promptemb export: prompt template at the token level + [MASK] / avg pooling for
+encoders, the template's last token for decoders (causal LMs).
 
 Copied by export.py into every export directory as `promptemb_st_module.py` and loaded with
 `SentenceTransformer(DIR, trust_remote_code=True)`. The directory is also a plain Hugging Face model directory
@@ -11,13 +12,20 @@ only torch, transformers and sentence-transformers. It re-implements, minimally,
 * encoder/forward.py           template bias for denoising: [MASK] state of `[CLS] prefix suffix [SEP]` with the
                                position ids after the prefix shifted by the sentence length n;
 * poolers/mask.py, mean.py     [MASK] mean (optionally through the MLM-transform head, minus the bias) and `avg`;
-* lightning_modules/soft_template.py   OptiPrompt's soft template written into `inputs_embeds`.
-tests/test_export.py compares this file with those on tiny BERTs (many lengths, truncation, padding): change them
-together.
+* lightning_modules/soft_template.py   OptiPrompt's soft template written into `inputs_embeds`;
+* encoder/decoder.py           decoders: the sentence cut to its first `max_sentence_tokens` tokens (at that token's
+                               character offset), the sentence rule, the filled template stripped and tokenized as
+                               ONE string framed by the tokenizer's own special ids, padding on the recorded side,
+                               position ids counted over real tokens, the last real token pooled at the layer;
+* lightning_modules/prompteol.py   a kept LoRA adapter applied (peft, imported only then) to the recorded base model,
+                               whose weights must hash to the recorded sha256.
+tests/test_export.py (encoders, tiny BERTs) and tests/test_export_decoder.py (tiny LLaMA / OPT / GPT-2) compare this
+file with those (many lengths, truncation, padding sides, batch compositions): change them together.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -38,7 +46,32 @@ def apply_sentence_rule(sentence: str, rule: str) -> str:
         return sentence
     if sentence and sentence[-1] not in ".?\"'":  # append_period and promptbert (the same rule)
         sentence += "."
+    if rule == "prompteol":  # the decoder methods' rule: then `"` -> `'` and a final `?` -> `.`
+        sentence = sentence.replace('"', "'")
+        if sentence.endswith("?"):
+            sentence = sentence[:-1] + "."
     return sentence
+
+
+def special_frame(tokenizer) -> tuple[list[int], list[int]]:
+    """The special ids the tokenizer puts before and after a text (LLaMA `[<s>]`, `[]`; OPT `[</s>]`, `[]`)."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start], full[start + len(plain) :]
+    return [], []
+
+
+def weights_sha256(model) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, bytes, in name order): the identity of the base
+    weights a LoRA adapter was trained on."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}\n".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()
 
 
 class MLMTransformHead(nn.Module):
@@ -76,6 +109,10 @@ class PromptEncoderModule(InputModule):
         with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
             record = json.load(handle)["promptemb"]
         self.record = record
+        self.decoder = record.get("decoder")
+        if self.decoder:
+            self._init_decoder(model_dir, dict(model_kwargs or {}))
+            return
         self.model = AutoModel.from_pretrained(model_dir, **(model_kwargs or {}))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.prefix_ids, self.suffix_ids = list(record["prefix_ids"]), list(record["suffix_ids"])
@@ -100,6 +137,48 @@ class PromptEncoderModule(InputModule):
         padding_idx = getattr(getattr(self.model, "embeddings", None), "padding_idx", None)
         self.position_base = 0 if padding_idx is None else int(padding_idx) + 1
 
+    def _init_decoder(self, model_dir: str, model_kwargs: dict) -> None:
+        """A causal LM: `model_kwargs["promptemb_base_model"]` points a kept adapter at its base model when the
+        recorded name no longer resolves."""
+        record = self.record
+        base_model = model_kwargs.pop("promptemb_base_model", None)
+        if record.get("adapter"):
+            self.model = self._load_with_adapter(model_dir, record["adapter"], base_model, model_kwargs)
+        else:
+            self.model = AutoModel.from_pretrained(model_dir, **model_kwargs)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.max_seq_length = int(record["max_length"])
+        self.max_sentence_tokens = int(record["max_sentence_tokens"])
+        self.pooler_name, self.layer, self.denoise = record["pooler"]["name"], int(record["pooler"]["layer"]), False
+        self.head, self.head_after_denoise, self.soft_vectors = None, False, None
+        self.template_prefix, self.template_suffix = record["template"].split("[X]")
+        self.special_prefix = list(self.decoder["special_prefix_ids"])
+        self.special_suffix = list(self.decoder["special_suffix_ids"])
+        self.pad_id, self.padding_side = int(self.decoder["pad_id"]), self.decoder["padding_side"]
+        if list(map(list, special_frame(self.tokenizer))) != [self.special_prefix, self.special_suffix]:
+            raise ValueError(f"{model_dir}: the tokenizer does not add the recorded special tokens "
+                             f"{self.special_prefix} ... {self.special_suffix}")
+
+    @staticmethod
+    def _load_with_adapter(model_dir: str, adapter: dict, base_model: str | None, model_kwargs: dict):
+        import peft  # only an export that kept its LoRA adapter needs it
+
+        name = base_model or adapter["base_model"]
+        kwargs = {"dtype": getattr(torch, adapter.get("dtype") or "float32"), **model_kwargs}
+        if adapter.get("quantization") == "4bit":  # as the adapter was trained (QLoRA's NF4)
+            from transformers import BitsAndBytesConfig
+
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=torch.bfloat16)
+        base = AutoModel.from_pretrained(name, **kwargs)
+        digest = weights_sha256(base)
+        if digest != adapter["base_weights_sha256"]:
+            raise ValueError(f"the adapter in {model_dir} was trained on base weights sha256 "
+                             f"{adapter['base_weights_sha256'][:12]}..., but {name!r} has {digest[:12]}...; pass "
+                             "model_kwargs={'promptemb_base_model': PATH} with the model it was trained from")
+        return peft.PeftModel.from_pretrained(base, os.path.join(model_dir, adapter["dir"])).eval()
+
     @classmethod
     def load(cls, model_name_or_path: str, subfolder: str = "", token=None, cache_folder=None, revision=None,
              local_files_only: bool = False, model_kwargs: dict | None = None, **kwargs):
@@ -111,6 +190,14 @@ class PromptEncoderModule(InputModule):
         return cls(directory, model_kwargs=model_kwargs)
 
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        if self.decoder and self.record.get("adapter"):  # the adapter files, and the base model's config
+            self.model.save_pretrained(os.path.join(output_path, self.record["adapter"]["dir"]),
+                                       safe_serialization=safe_serialization)
+            config = self.model.get_base_model().config
+            config.promptemb = self.record
+            config.save_pretrained(output_path)
+            self.tokenizer.save_pretrained(output_path)
+            return
         self.model.config.promptemb = self.record
         self.model.save_pretrained(output_path, safe_serialization=safe_serialization)
         self.tokenizer.save_pretrained(output_path)
@@ -130,6 +217,8 @@ class PromptEncoderModule(InputModule):
 
     def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
         texts = [prompt + text if prompt else text for text in inputs]
+        if self.decoder:
+            return self.decoder_preprocess(texts)
         texts = [apply_sentence_rule(text, self.record["sentence_rule"]) for text in texts]
         if self.record.get("sentence_leading_space"):  # the template's space before [X] (encoder/inputs.py)
             texts = [" " + text for text in texts]
@@ -145,6 +234,56 @@ class PromptEncoderModule(InputModule):
             attention_mask[index, : len(row)] = 1
         lengths = torch.tensor([min(len(ids), self.max_sentence_tokens) for ids in sentence_ids], dtype=torch.long)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "sentence_lengths": lengths}
+
+    # -- decoder inputs (encoder/decoder.py) -----------------------------------------------------------------------
+
+    def _cut(self, sentence: str, limit: int) -> str:
+        """The sentence cut to its first `limit` tokens, at that token's end in the text."""
+        if self.tokenizer.is_fast:
+            encoded = self.tokenizer(sentence, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+            if len(encoded["input_ids"]) <= limit:
+                return sentence
+            return sentence[: encoded["offset_mapping"][limit - 1][1]]
+        ids = self.tokenizer(sentence, add_special_tokens=False, verbose=False)["input_ids"]
+        return sentence if len(ids) <= limit else self.tokenizer.decode(ids[:limit])
+
+    def _fill(self, sentence: str) -> tuple[list[int], int]:
+        """(ids of the filled, stripped template framed by the special ids, number of tokens overlapping the
+        sentence)."""
+        filled = self.template_prefix + sentence + self.template_suffix
+        lead = len(filled) - len(filled.lstrip())
+        start = len(self.template_prefix) - lead
+        encoded = self.tokenizer(filled.strip(), add_special_tokens=False,
+                                 return_offsets_mapping=self.tokenizer.is_fast)
+        spans = encoded.get("offset_mapping") or [(0, 0)] * len(encoded["input_ids"])
+        in_sentence = sum(1 for first, end in spans if first < start + len(sentence) and end > start)
+        return [*self.special_prefix, *encoded["input_ids"], *self.special_suffix], in_sentence
+
+    def decoder_row(self, sentence: str) -> tuple[list[int], int]:
+        """Only the sentence is cut (first, then the sentence rule, then the template): the template's last token
+        always stays; a merge across the template/sentence boundary that overflows cuts one more sentence token."""
+        limit = self.max_sentence_tokens
+        while True:
+            ids, length = self._fill(apply_sentence_rule(self._cut(sentence, limit), self.record["sentence_rule"]))
+            if len(ids) <= self.max_seq_length or limit <= 1:
+                return ids, length
+            limit -= len(ids) - self.max_seq_length
+
+    def decoder_preprocess(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        built = [self.decoder_row(text) for text in texts]
+        rows, lengths = [row for row, _ in built], [length for _, length in built]
+        width = max((len(row) for row in rows), default=0)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        pooled = torch.zeros(len(rows), dtype=torch.long)
+        for index, row in enumerate(rows):
+            start = width - len(row) if self.padding_side == "left" else 0
+            input_ids[index, start : start + len(row)] = torch.tensor(row)
+            attention_mask[index, start : start + len(row)] = 1
+            pooled[index] = start + len(row) - 1  # the row's last token: the template's own last token
+        return {"input_ids": input_ids, "attention_mask": attention_mask,
+                "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0), "pooled_positions": pooled,
+                "sentence_lengths": torch.tensor(lengths, dtype=torch.long)}
 
     def tokenize(self, texts, **kwargs) -> dict[str, torch.Tensor]:  # sentence-transformers 5.x entry point
         return self.preprocess(texts, **kwargs)
@@ -196,6 +335,8 @@ class PromptEncoderModule(InputModule):
         return bias[inverse]
 
     def forward(self, features: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
+        if self.decoder:
+            return self.decoder_forward(features)
         input_ids, attention_mask = features["input_ids"], features["attention_mask"]
         lengths = features["sentence_lengths"]
         template, index = self.template_index(lengths, input_ids.shape[1])
@@ -212,4 +353,13 @@ class PromptEncoderModule(InputModule):
             else:
                 embedding = head(embedding) - head(self.template_bias(lengths))
         features.update(token_embeddings=states, sentence_embedding=embedding)
+        return features
+
+    def decoder_forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """hidden_states[layer] (the last one is after the final norm) at each row's pooled position."""
+        out = self.model(input_ids=features["input_ids"], attention_mask=features["attention_mask"],
+                         position_ids=features["position_ids"], use_cache=False, output_hidden_states=True)
+        states = out.hidden_states[self.layer]
+        rows = torch.arange(states.shape[0], device=states.device)
+        features.update(token_embeddings=states, sentence_embedding=states[rows, features["pooled_positions"]])
         return features

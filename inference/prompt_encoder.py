@@ -2,7 +2,9 @@
 
 Loads a train.py checkpoint (.ckpt) or an export directory (export.py) and embeds with the framework's own
 `Encoder` + poolers, i.e. exactly the code the checkpoint was scored with. `record()` is what an export writes into
-the `promptemb` block of its config.json; `from_export` reads it back.
+the `promptemb` block of its config.json; `from_export` reads it back. Decoders (causal LMs) pool the last token of
+their template (`last_token`, PromptEOL-style); a checkpoint of the LoRA recipe is loaded with its adapter, merged
+into the weights or kept as a peft adapter on the recorded base model.
 """
 
 from __future__ import annotations
@@ -20,15 +22,31 @@ from promptemb.data.checksums import sha256_file
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.model import Encoder, resolve_device
 from promptemb.encoder.template import Template
-from promptemb.lightning_modules.checkpoint import load_module_checkpoint
+from promptemb.lightning_modules.checkpoint import (
+    ADAPTER_CLASSES,
+    load_module_checkpoint,
+    module_class_path,
+    read_checkpoint,
+)
 from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
 from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
+from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
 from promptemb.poolers.mask import MaskPooler
 from promptemb.poolers.mean import MeanPooler
 
 FORMAT_VERSION = 1
-POOLERS = ("mask", "avg")
+POOLERS = ("mask", "avg", "last_token")
+#: the one pooler a decoder (causal LM) exports: its template's last token
+DECODER_POOLER = "last_token"
+#: `adapter=` of a LoRA-recipe checkpoint: fold the adapter into full weights, or keep it as peft files on the base
+ADAPTER_MODES = ("merge", "keep")
+#: where a kept adapter's peft files go inside an export
+ADAPTER_DIR = "adapter"
+#: the checkpoint record of the training run's lineage (training/lineage.py): the corpus it was trained on
+LINEAGE_KEY = "promptemb_lineage"
+#: plain models: the template exported when none is given
+DEFAULT_TEMPLATES = {True: (PROMPTEOL, "prompteol"), False: ('This sentence : "[X]" means [MASK] .', "none")}
 HEAD_FILE = "promptemb_head.safetensors"
 SOFT_TEMPLATE_FILE = "promptemb_soft_template.safetensors"
 #: Files of an export that hold weights; each one's sha256 is recorded in the `promptemb` block at export.
@@ -95,7 +113,12 @@ class PromptEncoder:
         max_sentence_tokens: int | None = None,
         batch_size: int = 64,
         source: dict | None = None,
+        padding_side: str = "left",
+        adapter: dict | None = None,
     ):
+        """Decoders: `pooler="last_token"` (the template's last token at `layer`), `padding_side` as the framework's
+        decoder inputs (embeddings do not depend on it), `adapter` the record of a kept LoRA adapter (base model
+        name and weights sha256) when `transformer` is a peft model."""
         if pooler not in POOLERS:
             raise ConfigError(f"unknown export pooler {pooler!r}; valid: {', '.join(POOLERS)}")
         self.template = Template(template)
@@ -105,15 +128,28 @@ class PromptEncoder:
         self.head_after_denoise = head_after_denoise
         self.soft_template = soft_template
         self.source = dict(source or {})
+        self.adapter = adapter
         self.encoder = Encoder.from_model(transformer, tokenizer, name=self.source.get("base_model", "exported"),
-                                          batch_size=batch_size, max_length=max_length, input_embedder=soft_template)
+                                          batch_size=batch_size, max_length=max_length, input_embedder=soft_template,
+                                          padding_side=padding_side)
+        self.is_decoder = self.encoder.is_decoder
+        if self.is_decoder != (pooler == DECODER_POOLER):
+            kind = "a decoder (causal LM)" if self.is_decoder else "an encoder"
+            valid = DECODER_POOLER if self.is_decoder else "mask or avg"
+            raise ConfigError(f"pooler={pooler} cannot be exported for {type(transformer).__name__}, {kind}: use "
+                              f"pooler={valid}")
+        if self.is_decoder and "<PST>" in self.template.text:
+            raise ConfigError(f"template {self.template.text!r} has a Token Prepending slot; its hooks are not part "
+                              "of an export: export a plain last-token template")
         self.builder = self.encoder.input_builder(InputForm(self.template, sentence_rule, max_sentence_tokens))
         self.max_sentence_tokens = self.builder.max_sentence_tokens
         if pooler == "mask":
             self.pooler: Pooler = MaskPooler("mask", layer=layer, denoise=self.denoise, head=head,
                                              head_after_denoise=head_after_denoise)
-        else:
+        elif pooler == "avg":
             self.pooler = MeanPooler("avg", layers=(layer,), templated=True)
+        else:
+            self.pooler = LastTokenPooler(DECODER_POOLER, layer=layer)
         self.encoder.check_poolers([self.pooler], self.template)
 
     @property
@@ -192,6 +228,8 @@ class PromptEncoder:
     def record(self) -> dict[str, Any]:
         """The `promptemb` block of an export's config.json: everything needed to rebuild the inputs and pooler."""
         config = self.transformer.config
+        if self.is_decoder:
+            return self._decoder_record()
         return {
             "format_version": FORMAT_VERSION,
             "framework_version": framework_version(),
@@ -220,6 +258,36 @@ class PromptEncoder:
             "source": self.source,
         }
 
+    def _decoder_record(self) -> dict[str, Any]:
+        """A decoder's record: the filled template is tokenized as one string (no fixed template ids), framed by the
+        tokenizer's own special ids, padded on `padding_side` with position ids counted over real tokens, and the
+        last real token (the template's last token) pooled at `layer`."""
+        builder = self.builder
+        return {
+            "format_version": FORMAT_VERSION,
+            "framework_version": framework_version(),
+            "model_kind": "decoder",
+            "template": self.template.text,
+            "sentence_rule": self.sentence_rule,
+            "prefix_ids": None,
+            "suffix_ids": None,
+            "sentence_leading_space": False,
+            "max_length": self.encoder.max_length,
+            "max_sentence_tokens": self.max_sentence_tokens,
+            "decoder": {
+                "padding_side": self.encoder.padding_side,
+                "pad_id": int(builder.pad_id),
+                "special_prefix_ids": [int(i) for i in builder.prefix_specials],
+                "special_suffix_ids": [int(i) for i in builder.suffix_specials],
+                "position_ids": "real tokens counted from 0 (attention_mask.cumsum - 1)",
+            },
+            "pooler": {"name": DECODER_POOLER, "layer": self.layer, "layers": [self.layer], "denoise": False,
+                       "head": None},
+            "soft_template": None,
+            "adapter": self.adapter,
+            "source": self.source,
+        }
+
     # -- constructors ---------------------------------------------------------------------------------------------
 
     @classmethod
@@ -243,17 +311,84 @@ class PromptEncoder:
         )
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, *, base_model: str | None = None, **kwargs) -> PromptEncoder:
+    def from_checkpoint(cls, path: str | Path, *, base_model: str | None = None, adapter: str | None = None,
+                        **kwargs) -> PromptEncoder:
+        """A train.py checkpoint. A LoRA-recipe checkpoint gets `adapter` "merge" (full weights) or "keep" / None
+        (the peft model on its base); `adapter` on any other checkpoint is a ConfigError."""
+        checkpoint = read_checkpoint(path)
+        class_path = module_class_path(checkpoint)
+        check_adapter_option(path, class_path, adapter)
+        lineage = training_data(checkpoint)
+        if class_path in ADAPTER_CLASSES:
+            from promptemb.lightning_modules.prompteol import load_adapter_checkpoint
+
+            if kwargs.pop("pooler", None) not in (None, DECODER_POOLER):
+                raise ConfigError(f"{path} is a decoder checkpoint: it exports pooler={DECODER_POOLER} (the "
+                                  "template's last token); drop pooler=")
+            if kwargs.pop("denoise", None) is not None:
+                raise ConfigError(f"{path} is a decoder checkpoint: template denoising is defined for [MASK] "
+                                  "templates only; drop denoise=")
+            module = load_adapter_checkpoint(path, base_model)
+            source = {"checkpoint": str(Path(path).resolve()),
+                      "checkpoint_sha256": sha256_file(Path(path), cached=False),
+                      "global_step": checkpoint.get("global_step"), **lineage}
+            return cls.from_adapter_module(module, adapter=adapter, source=source, **kwargs)
         loaded = load_module_checkpoint(path, base_model)
         source = {"checkpoint": str(Path(path).resolve()), "checkpoint_sha256": loaded.sha256,
-                  "global_step": loaded.global_step}
+                  "global_step": loaded.global_step, **lineage}
         return cls.from_module(loaded.module, source=source, **kwargs)
 
     @classmethod
+    def from_adapter_module(cls, module, *, adapter: str | None = None, batch_size: int = 64,
+                            source: dict | None = None) -> PromptEncoder:
+        """A LoRA-recipe module (`PromptEOLSup`) as the checkpoint is scored: its evaluation template's last token.
+        `adapter="merge"`: the adapter folded into a copy of the base weights (the module stays unmerged); "keep" or
+        None: the peft model itself, recorded with the base model's name and weights sha256."""
+        from promptemb.lightning_modules.prompteol import merged_copy
+
+        hparams = module.hparams
+        if adapter == "merge":
+            if hparams.quantization is not None:
+                raise ConfigError("a 4-bit (QLoRA) base cannot be merged exactly; export with adapter=keep")
+            transformer, kept = merged_copy(module).eval(), None
+        else:
+            transformer = module.transformer
+            kept = {"base_model": hparams.model_name_or_path, "base_weights_sha256": module.base_weights_sha256,
+                    "dir": ADAPTER_DIR, "dtype": hparams.dtype, "quantization": hparams.quantization}
+        return cls(
+            transformer, module.tokenizer, template=module.eval_template.text, sentence_rule=hparams.sentence_rule,
+            pooler=DECODER_POOLER, layer=module.pooler.layer, max_length=module.max_length, max_sentence_tokens=None,
+            batch_size=batch_size, padding_side=hparams.padding_side, adapter=kept,
+            source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
+                    "base_model": hparams.model_name_or_path, "adapter_export": adapter or "keep", **(source or {})},
+        )
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, template: str | None = None, sentence_rule: str | None = None,
+                        pooler: str | None = None, layer: int = -1, max_length: int | None = None,
+                        max_sentence_tokens: int | None = None, padding_side: str = "left",
+                        batch_size: int = 64) -> PromptEncoder:
+        """A plain (untrained by promptemb) encoder or decoder with a template: decoders pool the template's last
+        token (default template PromptEOL's, rule `prompteol`), encoders its [MASK] (default PromptBERT's)."""
+        encoder = Encoder(name_or_path, device="cpu", batch_size=batch_size, max_length=max_length,
+                          padding_side=padding_side, progress=False)
+        default_template, default_rule = DEFAULT_TEMPLATES[encoder.is_decoder]
+        if template is None and sentence_rule is None:
+            sentence_rule = default_rule
+        return cls(encoder.transformer.eval(), encoder.tokenizer, template=template or default_template,
+                   sentence_rule=sentence_rule or "none", pooler=pooler or (DECODER_POOLER if encoder.is_decoder
+                                                                           else "mask"),
+                   layer=layer, max_length=max_length, max_sentence_tokens=max_sentence_tokens,
+                   batch_size=batch_size, padding_side=padding_side,
+                   source={"module": None, "base_model": name_or_path, "training_data": None})
+
+    @classmethod
     def from_export(cls, directory: str | Path, *, pooler: str | None = None, batch_size: int = 64,
-                    device: str | None = None, verify_weights: bool = True) -> PromptEncoder:
+                    device: str | None = None, verify_weights: bool = True,
+                    base_model: str | None = None) -> PromptEncoder:
         """`device` None / "auto": CUDA when present. The weight files are checked against the sha256 recorded at
-        export first (`verify_weights=False`: loaded anyway, recorded as unverified in `source`)."""
+        export first (`verify_weights=False`: loaded anyway, recorded as unverified in `source`). An export that
+        kept a LoRA adapter loads its recorded base model (or `base_model`), checked against the recorded sha256."""
         from safetensors.torch import load_file
         from transformers import AutoModel, AutoTokenizer
 
@@ -261,6 +396,8 @@ class PromptEncoder:
         device = resolve_device(device)
         record = read_export_record(directory)
         verification = verify_export_weights(directory, record, verify_weights)
+        if record.get("decoder"):
+            return cls._from_decoder_export(directory, record, verification, device, batch_size, base_model)
         try:
             transformer = AutoModel.from_pretrained(directory).to(device).eval()
         except Exception as err:  # unverified weights (or none recorded) that do not even load: safetensors/torch
@@ -293,6 +430,72 @@ class PromptEncoder:
         if encoder.builder.prefix_ids != record["prefix_ids"] or encoder.builder.suffix_ids != record["suffix_ids"]:
             raise DataError(f"{directory}: the tokenizer does not reproduce the recorded template ids")
         return encoder
+
+
+    @classmethod
+    def _from_decoder_export(cls, directory: Path, record: dict, verification: dict, device: torch.device,
+                             batch_size: int, base_model: str | None) -> PromptEncoder:
+        from transformers import AutoModel, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        if record.get("adapter"):
+            transformer = load_kept_adapter(directory, record["adapter"], base_model)
+        else:
+            try:
+                transformer = AutoModel.from_pretrained(directory)
+            except Exception as err:
+                raise DataError(f"{directory}: the model weights do not load ({type(err).__name__}: "
+                                f"{(str(err).splitlines() or [''])[0]}); re-export the checkpoint") from None
+        spec, decoder = record["pooler"], record["decoder"]
+        encoder = cls(transformer.to(device).eval(), tokenizer, template=record["template"],
+                      sentence_rule=record["sentence_rule"], pooler=DECODER_POOLER, layer=spec["layer"],
+                      max_length=record["max_length"], max_sentence_tokens=record["max_sentence_tokens"],
+                      batch_size=batch_size, padding_side=decoder["padding_side"], adapter=record.get("adapter"),
+                      source={**record.get("source", {}), "export_dir": str(directory.resolve()), **verification})
+        frame = [list(encoder.builder.prefix_specials), list(encoder.builder.suffix_specials)]
+        if frame != [decoder["special_prefix_ids"], decoder["special_suffix_ids"]]:
+            raise DataError(f"{directory}: the tokenizer does not add the recorded special tokens")
+        return encoder
+
+
+def load_kept_adapter(directory: Path, adapter: dict, base_model: str | None = None) -> torch.nn.Module:
+    """The recorded base model (or `base_model`) with the export's peft adapter applied; a base whose weights
+    differ from the sha256 recorded at training is refused in one line."""
+    from promptemb.common.optional import require
+    from promptemb.encoder.model import DTYPES, load_pretrained, quantization_kwargs
+    from promptemb.lightning_modules.prompteol import weights_sha256
+
+    peft = require("peft", "an export that kept its LoRA adapter")
+    name = base_model or adapter["base_model"]
+    _, base, _ = load_pretrained(name, dtype=DTYPES[adapter.get("dtype") or "float32"],
+                                 **quantization_kwargs(adapter.get("quantization")))
+    digest = weights_sha256(base)
+    if digest != adapter["base_weights_sha256"]:
+        raise DataError(f"{directory}: the adapter was trained on base weights sha256 "
+                        f"{adapter['base_weights_sha256'][:12]}..., but {name!r} has {digest[:12]}...; pass "
+                        "base_model= the model it was trained from")
+    return peft.PeftModel.from_pretrained(base, str(directory / adapter["dir"])).eval()
+
+
+def check_adapter_option(path: str | Path, class_path: str, adapter: str | None) -> None:
+    """`adapter=` is for checkpoints of the LoRA recipe only, and is merge or keep."""
+    if adapter is None:
+        return
+    if adapter not in ADAPTER_MODES:
+        raise ConfigError(f"unknown adapter={adapter}; valid: {', '.join(ADAPTER_MODES)}")
+    if class_path not in ADAPTER_CLASSES:
+        raise ConfigError(f"adapter={adapter} applies to checkpoints of the LoRA recipe (PromptEOLSup); {path} is a "
+                          f"{class_path.rsplit('.', 1)[1]} checkpoint with full weights: drop adapter=")
+
+
+def training_data(checkpoint: dict) -> dict:
+    """{"training_data": the corpus files (as named in the config) and their sha256} from a checkpoint's lineage
+    record; {} for checkpoints written before lineage was recorded."""
+    lineage = checkpoint.get(LINEAGE_KEY)
+    if not isinstance(lineage, dict) or "data.files" not in lineage:
+        return {}
+    return {"training_data": {"files": list(lineage["data.files"] or []),
+                              "files_sha256": list(lineage.get("data.files_sha256") or [])}}
 
 
 def unit_rows(embeddings) -> torch.Tensor:
@@ -336,6 +539,6 @@ def load_encoder(path: str | Path, *, pooler: str | None = None, batch_size: int
     path = Path(path)
     if path.is_dir():
         return PromptEncoder.from_export(path, pooler=pooler, batch_size=batch_size, device=device,
-                                         verify_weights=verify_weights)
+                                         verify_weights=verify_weights, base_model=base_model)
     encoder = PromptEncoder.from_checkpoint(path, base_model=base_model, pooler=pooler, batch_size=batch_size)
     return encoder.to(resolve_device(device))

@@ -100,7 +100,8 @@ def load_module_checkpoint(path: str | Path, base_model: str | None = None) -> L
     class_path = module_class_path(checkpoint)
     if class_path in ADAPTER_CLASSES:
         raise DataError(f"checkpoint {path} holds a LoRA adapter of a decoder ({class_path.rsplit('.', 1)[1]}); load "
-                        f"it with {ADAPTER_CLASSES[class_path]} and export it with export_adapter (docs/decoders.md)")
+                        f"it with {ADAPTER_CLASSES[class_path]} or load_encoder, export it with export.py "
+                        "(adapter=merge|keep; docs/export.md)")
     module_name, class_name = class_path.rsplit(".", 1)
     module_cls = getattr(importlib.import_module(module_name), class_name)
     hparams = dict(checkpoint["hyper_parameters"])

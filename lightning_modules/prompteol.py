@@ -243,7 +243,7 @@ def export_adapter(module: PromptEOLSup, out: str | Path, mode: str = "merged") 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if mode == "merged":
-        _merged_copy(module).save_pretrained(out)
+        merged_copy(module).save_pretrained(out)
     else:
         module.transformer.save_pretrained(out)
     module.tokenizer.save_pretrained(out)
@@ -255,7 +255,7 @@ def export_adapter(module: PromptEOLSup, out: str | Path, mode: str = "merged") 
     return out
 
 
-def _merged_copy(module: PromptEOLSup) -> torch.nn.Module:
+def merged_copy(module: PromptEOLSup) -> torch.nn.Module:
     """The base model with the adapter folded in, leaving `module` itself unmerged (merging mutates the weights)."""
     return copy.deepcopy(module.transformer).merge_and_unload()
 

@@ -149,7 +149,10 @@ def test_standalone_module_imports_no_framework_code():
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & project, f"the exported module imports project packages {imported & project}"
-    assert imported <= {"__future__", "json", "os", "torch", "safetensors", "transformers", "sentence_transformers"}
+    assert imported <= {"__future__", "hashlib", "json", "os", "torch", "safetensors", "transformers",
+                        "sentence_transformers", "peft"}
+    top_level = {alias.name for node in ast.parse(source).body if isinstance(node, ast.Import) for alias in node.names}
+    assert "peft" not in top_level  # imported only where a kept LoRA adapter is loaded
 
 
 # -- checkpoints from real (2-step) training runs ----------------------------------------------------------------------
