@@ -4,17 +4,16 @@ The owners of each config group use it: training/config_checks.py (train.py), ev
 
 Types come from where the values go: every config node with a `_target_` is checked against the type hints of that
 class's constructor (following `**kwargs` up the class hierarchy) or function, the `backbone` node against `Encoder`'s,
-the remaining top-level keys against the settings models of their owners (`TrainSettings`, `EvaluateSettings`,
-`TemplateSettings`). pydantic checks each value against its hint (strict: no conversion), and its range, declared once
-per parameter name as an annotated-types `Interval` (`RANGES`), wherever that name occurs; choices too are declared by
-name (`CHOICES`). Then what only the machine and the file system can refute: devices, readable inputs, writable
-outputs, complete model weights, the columns of a supervised data file.
+the remaining top-level keys against their owners' pydantic settings models. pydantic checks each value against its
+hint (strict mode) and against the range declared once per parameter name (`RANGES`, annotated-types intervals),
+wherever the name occurs; valid values are registered by name too (`CHOICES`). Then what only the machine and the file
+system can refute: devices, readable inputs, writable outputs, complete model weights, the columns of a supervised data
+file.
 
-Every failure is one `ConfigError` / `DataError` line naming the key, the value and what is valid, written from
-pydantic's verdict in `check_value`. A run that fails here leaves nothing behind: the run folder Hydra created for it
-(holding only Hydra's own files) is removed.
+Every failure is one `ConfigError` / `DataError` line naming the key, the value and what is valid (`check_value`
+words pydantic's verdicts). A run that fails here leaves nothing behind: the run folder Hydra created for it (holding
+only Hydra's own files) is removed.
 """
-
 from __future__ import annotations
 
 import functools
@@ -131,7 +130,7 @@ def yaml_hint(hint):
         return yaml_hint(args[0])
     if origin is Literal:  # by type: pydantic's literals take 16.0 for 16 and True for 1
         kinds = {type(arg): tuple(a for a in args if type(a) is type(arg)) for arg in args}
-        return Union[tuple(Annotated[kind, Predicate(vals.__contains__)] for kind, vals in kinds.items())]  # noqa: UP007
+        return Union[tuple(Annotated[kind, Predicate(v.__contains__)] for kind, v in kinds.items())]  # noqa: UP007
     if hint in (list, tuple) or origin in (list, tuple, Sequence):
         item = yaml_hint(args[0]) if args else Any
         return list[item] | tuple[item, ...]
