@@ -1,31 +1,33 @@
-"""The generic checker of composed configs: type hints, ranges and choices by parameter name, files, folders and
-devices. The owners of each config group use it: training/config_checks.py (train.py), evaluation/config_checks.py
+"""The generic checker of composed configs: types, ranges and choices by parameter name, files, folders and devices.
+The owners of each config group use it: training/config_checks.py (train.py), evaluation/config_checks.py
 (evaluate.py), encoder/settings.py (the backbone).
 
 Types come from where the values go: every config node with a `_target_` is checked against the type hints of that
-class's constructor (following `**kwargs` up the class hierarchy), the `backbone` node against `Encoder`'s, the
-remaining top-level keys against the dataclasses below. Ranges and choices are declared once per parameter name
-(`RANGES`, `CHOICES`) and apply wherever that name occurs. Then what only the machine and the file system can refute:
-devices, readable inputs, writable outputs, complete model weights, the columns of a supervised data file.
+class's constructor (following `**kwargs` up the class hierarchy) or function, the `backbone` node against `Encoder`'s,
+the remaining top-level keys against their owners' pydantic settings models. pydantic checks each value against its
+hint (strict mode) and against the range declared once per parameter name (`RANGES`, annotated-types intervals),
+wherever the name occurs; valid values are registered by name too (`CHOICES`). Then what only the machine and the file
+system can refute: devices, readable inputs, writable outputs, complete model weights, the columns of a supervised data
+file.
 
-Every failure is one `ConfigError` / `DataError` line naming the key, the value and what is valid. A run that fails
-here leaves nothing behind: the run folder Hydra created for it (holding only Hydra's own files) is removed.
+Every failure is one `ConfigError` / `DataError` line naming the key, the value and what is valid (`check_value`
+words pydantic's verdicts). A run that fails here leaves nothing behind: the run folder Hydra created for it (holding
+only Hydra's own files) is removed.
 """
-
 from __future__ import annotations
 
-import dataclasses
+import functools
 import inspect
-import math
 import tempfile
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
+from annotated_types import Interval, Predicate
 from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel, FiniteFloat, TypeAdapter, ValidationError
 
 from promptemb.common.errors import ConfigError
 from promptemb.configs import CONFIG_DIR
@@ -33,32 +35,20 @@ from promptemb.configs import CONFIG_DIR
 # -- declared once per parameter name --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Range:
-    """A finite value with low <= value (or low < value when `open_low`) and value <= high."""
+class Range(Interval):
+    """Bounds of a parameter (annotated-types' `Interval`: gt, ge, le), enforced by pydantic on a finite number."""
 
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
+    __slots__ = ()
 
     def contains(self, value: float) -> bool:
-        if not math.isfinite(value):  # NaN compares false with every bound; inf is no usable setting either
-            return False
-        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
-            return False
-        return self.high is None or value <= self.high
+        return _range_error(self, value) is None
 
     def describe(self) -> str:
-        parts = []
-        if self.low is not None:
-            parts.append(f"{'>' if self.open_low else '>='} {self.low}")
-        if self.high is not None:
-            parts.append(f"<= {self.high}")
-        return " and ".join(parts)
+        bounds = (("> ", self.gt), (">= ", self.ge), ("< ", self.lt), ("<= ", self.le))
+        return " and ".join(f"{sign}{bound}" for sign, bound in bounds if bound is not None)
 
 
-POSITIVE, NON_NEGATIVE = Range(0, open_low=True), Range(0)
-AT_LEAST_ONE = Range(1)
+POSITIVE, NON_NEGATIVE, AT_LEAST_ONE = Range(gt=0), Range(ge=0), Range(ge=1)
 #: Valid ranges by parameter name, wherever the name occurs (model, optimizer, scheduler, data, trainer, callbacks,
 #: evaluate.py).
 RANGES: dict[str, Range] = {
@@ -66,20 +56,20 @@ RANGES: dict[str, Range] = {
     "lr": POSITIVE,
     "temperature": POSITIVE,
     "weight_decay": NON_NEGATIVE,
-    "warmup_ratio": Range(0, 1),
+    "warmup_ratio": Range(ge=0, le=1),
     "max_sentence_tokens": AT_LEAST_ONE,
-    "max_length": Range(3),  # [CLS] + at least one token + [SEP]
+    "max_length": Range(ge=3),  # [CLS] + at least one token + [SEP]
     "num_workers": NON_NEGATIVE,
     "max_examples": AT_LEAST_ONE,
     "every_n_steps": AT_LEAST_ONE,
     "eval_every_n_steps": AT_LEAST_ONE,
     "every_n_train_steps": AT_LEAST_ONE,
-    "max_steps": Range(-1),
-    "max_epochs": Range(-1),
+    "max_steps": Range(ge=-1),
+    "max_epochs": Range(ge=-1),
     "log_every_n_steps": AT_LEAST_ONE,
     "gradient_clip_val": NON_NEGATIVE,
     "accumulate_grad_batches": AT_LEAST_ONE,
-    "seed": Range(0, 2**32 - 1),
+    "seed": Range(ge=0, le=2**32 - 1),
 }
 
 #: Hardware accelerators Lightning knows; `gpu`/`cuda` and `mps` are also checked against this machine.
@@ -98,8 +88,7 @@ def register_choices(name: str, values) -> None:
 # -- the keys that no constructor receives -----------------------------------------------------------------------
 
 
-@dataclass
-class TemplateSettings:
+class TemplateSettings(BaseModel):
     """A `template` group option (configs/template/): one template, or a pair of training views."""
 
     text: str | None
@@ -107,64 +96,85 @@ class TemplateSettings:
     sentence_rule: str
 
 
-# -- types -----------------------------------------------------------------------------------------------------------
+def settings_hints(settings: type[BaseModel]) -> dict[str, Any]:
+    return {name: field.annotation for name, field in settings.model_fields.items()}
+
+
+# -- types: pydantic decides, `describe` words the hint ---------------------------------------------------------------
+
+#: What a class arm of a union (Tensor, Strategy, timedelta: no YAML value is one) accepts: anything but a scalar,
+#: left to the constructor.
+NOT_SCALAR = list | tuple | dict | None
 
 
 def _is_union(hint) -> bool:
     return typing.get_origin(hint) in (Union, types.UnionType)
 
 
-def matches(value: Any, hint) -> bool:
-    """Whether a plain config value (after OmegaConf.to_container) fits a type hint. Classes a YAML value cannot be
-    (Accelerator, Strategy, timedelta, ...) are left to the constructor."""
+def _foreign(arm) -> bool:
+    """A class that no YAML value can be."""
+    return isinstance(arm, type) and not (arm in (bool, int, float, str, list, tuple, dict, type(None))
+                                          or issubclass(arm, Path))
+
+
+def yaml_hint(hint):
+    """`hint` as a value of a composed config can meet it, for pydantic's strict mode: a sequence is a list, a path a
+    string, a literal keeps its type (16.0 is not 16), a mapping's entries and what no YAML value can be (classes,
+    callables) are left to the constructor, except that a scalar cannot be a class of a union that has other arms."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any or hint is inspect.Parameter.empty:
-        return True
-    if hint is None or hint is type(None):
-        return value is None
     if _is_union(hint):
-        if isinstance(value, str | int | float | bool):  # a scalar is no Tensor, Strategy, ...: only YAML-typed arms
-            typed = [arg for arg in args if not (isinstance(arg, type) and not _yaml_type(arg))]
-            args = typed or args
-        return any(matches(value, arg) for arg in args)
-    if origin is typing.Annotated:
-        return matches(value, args[0])
-    if origin is Literal:
-        return any(value == arg and type(value) is type(arg) for arg in args)
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
+        if all(_foreign(arm) for arm in args):
+            return Any
+        return Union[tuple(NOT_SCALAR if _foreign(arm) else yaml_hint(arm) for arm in args)]  # noqa: UP007
+    if origin is Annotated:
+        return yaml_hint(args[0])
+    if origin is Literal:  # by type: pydantic's literals take 16.0 for 16 and True for 1
+        kinds = {type(arg): tuple(a for a in args if type(a) is type(arg)) for arg in args}
+        return Union[tuple(Annotated[kind, Predicate(v.__contains__)] for kind, v in kinds.items())]  # noqa: UP007
     if hint in (list, tuple) or origin in (list, tuple, Sequence):
-        if not isinstance(value, list | tuple):
-            return False
-        item = args[0] if args else Any
-        return all(matches(element, item) for element in value)
+        item = yaml_hint(args[0]) if args else Any
+        return list[item] | tuple[item, ...]
     if hint is dict or origin in (dict, Mapping):
-        return isinstance(value, dict)
-    if hint is Path or (isinstance(hint, type) and issubclass(hint, Path)):
-        return isinstance(value, str)
+        return dict
+    if isinstance(hint, type) and issubclass(hint, Path):
+        return str
+    return hint if hint in (bool, int, float, str, None, type(None)) else Any
+
+
+@functools.cache
+def _adapter(hint) -> TypeAdapter:
+    return TypeAdapter(hint)
+
+
+def matches(value: Any, hint) -> bool:
+    """Whether a plain config value (after OmegaConf.to_container) fits a type hint, in pydantic's strict mode."""
+    try:
+        _adapter(yaml_hint(hint)).validate_python(value, strict=True)
+    except ValidationError:
+        return False
     return True
+
+
+def _range_error(bounds: Range, value: float) -> str | None:
+    """pydantic's error type for a number outside `bounds` or not finite (`finite_number`), None when it is valid."""
+    try:
+        _adapter(Annotated[FiniteFloat, bounds]).validate_python(value)
+    except ValidationError as err:
+        return err.errors()[0]["type"]
+    return None
 
 
 def describe(hint) -> str:
     """A type hint in words: `an integer`, `a number`, `one of 16-mixed, 32-true`, `null or an integer`."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is None or hint is type(None):
-        return "null"
     if _is_union(hint):
-        literals = [value for arg in args if typing.get_origin(arg) is Literal for value in typing.get_args(arg)]
-        literals = list({str(value): value for value in literals}.values())  # 16 and "16" read the same
-        words = [describe(Literal[tuple(literals)])] if literals else []
-        words += [describe(arg) for arg in args if typing.get_origin(arg) is not Literal
-                  and not (isinstance(arg, type) and not _yaml_type(arg))]
+        literals = {str(value): value for arg in args if typing.get_origin(arg) is Literal
+                    for value in typing.get_args(arg)}  # 16 and "16" read the same
+        words = [describe(Literal[tuple(literals.values())])] if literals else []
+        words += [describe(arg) for arg in args if typing.get_origin(arg) is not Literal and not _foreign(arg)]
         words = [w for w in dict.fromkeys(words) if w and not (w == "an integer" and "a number" in words)]
         return " or ".join(sorted(words, key=lambda w: w != "null"))
-    if origin is typing.Annotated:
+    if origin is Annotated:
         return describe(args[0])
     if origin is Literal:
         return "one of " + ", ".join(str(arg) for arg in args)
@@ -172,68 +182,47 @@ def describe(hint) -> str:
         return f"a list of {_plural(describe(args[0]))}" if args else "a list"
     if hint is dict or origin in (dict, Mapping):
         return "a mapping"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, "a path"
-                                                                                             if hint is Path else "")
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string", None: "null",
+            type(None): "null", Path: "a path"}.get(hint, "")
 
 
 def _plural(word: str) -> str:
     return {"an integer": "integers", "a number": "numbers", "a string": "strings"}.get(word, word)
 
 
-def _yaml_type(cls: type) -> bool:
-    return cls in (bool, int, float, str, list, tuple, dict, type(None)) or issubclass(cls, Path)
-
-
-def constructor_hints(cls: type) -> tuple[dict[str, Any], bool]:
-    """(parameter -> type hint, accepts unknown keywords) of `cls(...)`, following `**kwargs` to the base classes."""
+def parameter_hints(target) -> tuple[dict[str, Any], bool]:
+    """(parameter -> type hint, accepts unknown keywords) of a function or of `cls(...)`, following `**kwargs` to the
+    base classes."""
     hints: dict[str, Any] = {}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
+    functions = [klass.__dict__.get("__init__") for klass in target.__mro__] if inspect.isclass(target) else [target]
+    for function in filter(None, functions):
         try:
-            resolved = typing.get_type_hints(init, include_extras=True)
-            parameters = inspect.signature(init).parameters
+            resolved = typing.get_type_hints(function, include_extras=True)
+            parameters = inspect.signature(function).parameters
         except (TypeError, ValueError, NameError):  # a C or unannotatable constructor: nothing to check against
             return hints, True
         for name, parameter in parameters.items():
-            if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-                continue
-            hints.setdefault(name, resolved.get(name, Any))
+            if name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                hints.setdefault(name, resolved.get(name, Any))
         if not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
             return hints, False
     return hints, True
 
 
-def function_hints(fn) -> tuple[dict[str, Any], bool]:
-    """(parameter -> type hint, accepts unknown keywords) of a function."""
-    try:
-        resolved = typing.get_type_hints(fn, include_extras=True)
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError, NameError):
-        return {}, True
-    hints = {name: resolved.get(name, Any) for name, p in parameters.items()
-             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    return hints, any(p.kind == p.VAR_KEYWORD for p in parameters.values())
-
-
 def check_value(key: str, value: Any, hint=Any) -> None:
-    """One key: its type (from `hint`), then its range or choices (by the key's last name)."""
-    shown = f"{key}={value!r}"
-    name = key.rsplit(".", 1)[-1]
+    """One key: its type (from `hint`), then its range or choices (by the key's last name); pydantic's verdicts in
+    one line each."""
+    shown, name = f"{key}={value!r}", key.rsplit(".", 1)[-1]
+    bounds = RANGES.get(name, Range())
     if not matches(value, hint):
-        wanted = describe(hint) or "another type"
-        if name in RANGES and RANGES[name].describe():
-            wanted += f" {RANGES[name].describe()}"
+        wanted = " ".join(filter(None, (describe(hint) or "another type", bounds.describe())))
         raise ConfigError(f"{shown} is not valid: {name} must be {wanted}")
-    if value is None:
-        return
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if number and not math.isfinite(value):  # NaN compares false with every bound, so no range would catch it
+    error = _range_error(bounds, value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if error == "finite_number":  # NaN compares false with every bound, inf is no usable setting either
         raise ConfigError(f"{shown} is not valid: {name} must be a finite number (not nan or inf)")
-    if name in RANGES and number and not RANGES[name].contains(value):
+    if error:
         kind = "a number" if matches(0.5, hint) else "an integer"
-        raise ConfigError(f"{shown} is out of range: {name} must be {kind} {RANGES[name].describe()}")
+        raise ConfigError(f"{shown} is out of range: {name} must be {kind} {bounds.describe()}")
     choices = CHOICES.get(name)
     if choices and isinstance(value, str) and value not in choices:
         raise ConfigError(f"{shown} is not valid: {name} must be one of {', '.join(choices)}")
@@ -250,7 +239,8 @@ def check_node(prefix: str, node: dict, hints: dict[str, Any], open_keywords: bo
 
 
 def check_targets(node: Any, prefix: str = "") -> None:
-    """Every `_target_` node in the tree against its class's constructor."""
+    """Every `_target_` node in the tree against its class's constructor or its function (a learning-rate
+    schedule)."""
     if isinstance(node, dict):
         target = node.get("_target_")
         if isinstance(target, str):
@@ -260,21 +250,16 @@ def check_targets(node: Any, prefix: str = "") -> None:
                 obj = get_object(target)
             except Exception:  # not importable: Hydra reports it when instantiating
                 obj = None
-            if inspect.isclass(obj):
-                hints, open_keywords = constructor_hints(obj)
-                check_node(prefix, node, hints, open_keywords, obj.__name__)
-            elif callable(obj):  # a function target (a learning-rate schedule)
-                hints, open_keywords = function_hints(obj)
-                check_node(prefix, node, hints, open_keywords, obj.__name__)
+            if callable(obj):
+                check_node(prefix, node, *parameter_hints(obj), obj.__name__)
         for name, value in node.items():
             check_targets(value, f"{prefix}{name}.")
 
 
-def check_settings(container: dict, settings: type) -> None:
-    hints = typing.get_type_hints(settings)
-    for field in dataclasses.fields(settings):
-        if field.name in container:
-            check_value(field.name, container[field.name], hints[field.name])
+def check_settings(container: dict, settings: type[BaseModel]) -> None:
+    for name, hint in settings_hints(settings).items():
+        if name in container:
+            check_value(name, container[name], hint)
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -298,7 +283,7 @@ def check_template(container: dict, recipe: str | None) -> None:
     """The `template` node against what uses it: a training recipe (`recipe`: the LightningModule's `_target_`) takes
     as many templates as it has views; evaluate.py (`recipe` None) takes one template or none."""
     template = container.get("template") or {}
-    check_node("template.", template, typing.get_type_hints(TemplateSettings), False, "a template option")
+    check_node("template.", template, settings_hints(TemplateSettings), False, "a template option")
     given = [name for name in ("text", "second_text") if template.get(name) is not None]
     if recipe is None:
         if "second_text" in given:
@@ -389,8 +374,3 @@ def check_writable_dir(key: str, path: str | Path) -> None:
             pass
     except OSError as err:
         raise ConfigError(f"{key}={str(path)!r} is not writable ({existing}: {err.strerror})") from None
-
-
-
-
-

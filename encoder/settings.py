@@ -3,10 +3,10 @@ loaded."""
 
 from __future__ import annotations
 
-from promptemb.common.validation import check_node, constructor_hints
+from promptemb.common.validation import check_node, parameter_hints
 from promptemb.encoder.model import Encoder
 
 
 def check_backbone(container: dict) -> None:
-    hints, _ = constructor_hints(Encoder)
-    check_node("backbone.", container.get("backbone") or {}, hints, False, "Encoder (the backbone)")
+    check_node("backbone.", container.get("backbone") or {}, parameter_hints(Encoder)[0], False,
+               "Encoder (the backbone)")

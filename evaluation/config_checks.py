@@ -4,10 +4,10 @@ backbone, a single template, the device, input/output files and the model files.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
+from pydantic import BaseModel
 
 from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
@@ -24,8 +24,7 @@ from promptemb.encoder.model import check_model_source
 from promptemb.encoder.settings import check_backbone
 
 
-@dataclass
-class EvaluateSettings:
+class EvaluateSettings(BaseModel):
     """evaluate.py's top-level keys (`backbone` is checked against `Encoder`)."""
 
     mode: str

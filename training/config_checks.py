@@ -4,10 +4,10 @@ model files and the training data files."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
+from pydantic import BaseModel
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.instantiate import build
@@ -28,8 +28,7 @@ from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
 from promptemb.training.trainer import check_compile
 
 
-@dataclass
-class TrainSettings:
+class TrainSettings(BaseModel):
     """train.py's own top-level keys (the rest are `_target_` nodes)."""
 
     task_name: str
