@@ -6,8 +6,6 @@ set to `train` in configs/train.yaml, so the run folder's log is train.log which
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
@@ -16,8 +14,10 @@ from promptemb.common.cli import MULTIRUN_FLAGS
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.common.overrides import parse_overrides, sweep_values
 from promptemb.configs import CONFIG_DIR
+from promptemb.training.optuna_search import run_study
 from promptemb.training.preflight import check_run_before_hydra
-from promptemb.training.runner import run
+from promptemb.training.runner import best_dev_score, objective, train
+from promptemb.training.trials import trial
 
 
 def compose_train(overrides: list[str]) -> DictConfig:
@@ -75,14 +75,15 @@ TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input'
                         "quantization": "model.quantization=4bit (QLoRA in the decoder recipe prompteol_sup)"}
 
 
+@cli.checked_first("train", check_experiment_overrides, check_train_only_keys, check_run_before_hydra)
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 @exit_on_user_error
-def compose_and_run(cfg: DictConfig) -> float | None:
-    """Returns the best STS-B dev [MASK] score (the objective of sweeps)."""
-    return run(cfg)
-
-
-def main() -> None:
-    exit_on_user_error(cli.check_command_line)("train", sys.argv[1:], check_experiment_overrides,
-                                                check_train_only_keys, check_run_before_hydra)
-    compose_and_run()
+def main(cfg: DictConfig) -> float | None:
+    """train.py's task, Hydra's `main` as in lightning-hydra-template: `train(cfg)` as a trial (its outcome recorded
+    in the run folder; under -m a failed trial does not stop the sweep), or an Optuna search when `hparams_search` is
+    set (each trial one `train(cfg)`). Returns the best STS-B dev [MASK] score (the objective of sweeps)."""
+    if cfg.get("hparams_search"):
+        return run_study(cfg, objective)
+    with trial(cfg.output_dir) as outcome:
+        outcome.objective = best_dev_score(train(cfg))
+    return outcome.objective
