@@ -3,8 +3,9 @@ devices. The owners of each config group use it: training/config_checks.py (trai
 (evaluate.py), encoder/settings.py (the backbone).
 
 Types come from where the values go: every config node with a `_target_` is checked against the type hints of that
-class's constructor (following `**kwargs` up the class hierarchy), the `backbone` node against `Encoder`'s, the
-remaining top-level keys against the dataclasses below. Ranges and choices are declared once per parameter name
+class's constructor (following `**kwargs` up the class hierarchy; a factory's flat keys against the settings
+dataclasses it declares), the `backbone` node against `Encoder`'s, the remaining top-level keys against the
+dataclasses below. Ranges and choices are declared once per parameter name
 (`RANGES`, `CHOICES`) and apply wherever that name occurs. Then what only the machine and the file system can refute:
 devices, readable inputs, writable outputs, complete model weights, the columns of a supervised data file.
 
@@ -28,6 +29,7 @@ from typing import Any, Literal, Union
 from omegaconf import DictConfig, OmegaConf
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.instantiate import KEYWORD_SETTINGS
 from promptemb.configs import CONFIG_DIR
 
 # -- declared once per parameter name --------------------------------------------------------------------------------
@@ -206,7 +208,8 @@ def constructor_hints(cls: type) -> tuple[dict[str, Any], bool]:
 
 
 def function_hints(fn) -> tuple[dict[str, Any], bool]:
-    """(parameter -> type hint, accepts unknown keywords) of a function."""
+    """(parameter -> type hint, accepts unknown keywords) of a function; a factory whose `**keywords` are the fields
+    of settings dataclasses (`common.instantiate.keywords_of`) takes exactly those fields, typed as declared."""
     try:
         resolved = typing.get_type_hints(fn, include_extras=True)
         parameters = inspect.signature(fn).parameters
@@ -214,7 +217,17 @@ def function_hints(fn) -> tuple[dict[str, Any], bool]:
         return {}, True
     hints = {name: resolved.get(name, Any) for name, p in parameters.items()
              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    return hints, any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+    settings = getattr(fn, KEYWORD_SETTINGS, ())
+    for kind in settings:
+        fields = typing.get_type_hints(kind, include_extras=True)
+        hints.update({field.name: fields.get(field.name, Any) for field in dataclasses.fields(kind)})
+    return hints, not settings and any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+
+
+def target_name(obj) -> str:
+    """How a `_target_` is named in messages: a classmethod factory by its class."""
+    owner = getattr(obj, "__self__", None)
+    return owner.__name__ if inspect.isclass(owner) else obj.__name__
 
 
 def check_value(key: str, value: Any, hint=Any) -> None:
@@ -263,9 +276,9 @@ def check_targets(node: Any, prefix: str = "") -> None:
             if inspect.isclass(obj):
                 hints, open_keywords = constructor_hints(obj)
                 check_node(prefix, node, hints, open_keywords, obj.__name__)
-            elif callable(obj):  # a function target (a learning-rate schedule)
+            elif callable(obj):  # a function target (a learning-rate schedule, a classmethod factory)
                 hints, open_keywords = function_hints(obj)
-                check_node(prefix, node, hints, open_keywords, obj.__name__)
+                check_node(prefix, node, hints, open_keywords, target_name(obj))
         for name, value in node.items():
             check_targets(value, f"{prefix}{name}.")
 
