@@ -6,16 +6,14 @@ group option, a run folder that cannot be created) is one `error:` line here ins
 from __future__ import annotations
 
 import difflib
-import functools
 import re
-import sys
 from collections.abc import Callable
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from promptemb.common.errors import ConfigError, exit_on_user_error
+from promptemb.common.errors import ConfigError
 from promptemb.common.overrides import first_of_sweeps
 from promptemb.common.run_folder import check_run_dir_before_hydra
 from promptemb.configs import CONFIG_DIR
@@ -241,18 +239,3 @@ def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[lis
         check(argv)
     check_override_keys(entry, argv)
     check_run_dir_before_hydra(CONFIG_NAMES[entry], argv)
-
-
-def checked_first(entry: str, *entry_checks: Callable[[list[str]], None]) -> Callable:
-    """Decorator of an entry point's `@hydra.main` task: `check_command_line` runs on `sys.argv` before Hydra
-    composes the config and creates the run folder; a failure is one `error:` line and a non-zero exit."""
-
-    def decorate(hydra_task: Callable[[], None]) -> Callable[[], None]:
-        @functools.wraps(hydra_task)
-        def checked() -> None:
-            exit_on_user_error(check_command_line)(entry, sys.argv[1:], *entry_checks)
-            hydra_task()
-
-        return checked
-
-    return decorate

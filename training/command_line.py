@@ -6,6 +6,10 @@ set to `train` in configs/train.yaml, so the run folder's log is train.log which
 
 from __future__ import annotations
 
+import functools
+import sys
+from collections.abc import Callable
+
 import hydra
 from omegaconf import DictConfig
 
@@ -75,7 +79,20 @@ TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input'
                         "quantization": "model.quantization=4bit (QLoRA in the decoder recipe prompteol_sup)"}
 
 
-@cli.checked_first("train", check_experiment_overrides, check_train_only_keys, check_run_before_hydra)
+def command_line_first(hydra_task: Callable[[], None]) -> Callable[[], None]:
+    """Around Hydra's `main`: train.py's command line is checked before Hydra composes the config and creates the
+    run folder (for a resume or an existing folder, with the config check and the preflight); one `error:` line."""
+
+    @functools.wraps(hydra_task)
+    def checked() -> None:
+        exit_on_user_error(cli.check_command_line)("train", sys.argv[1:], check_experiment_overrides,
+                                                    check_train_only_keys, check_run_before_hydra)
+        hydra_task()
+
+    return checked
+
+
+@command_line_first
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 @exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
