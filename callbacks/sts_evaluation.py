@@ -20,14 +20,15 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
 
 from promptemb.common.errors import DivergenceError
+from promptemb.common.instantiate import keywords_of, split_keywords
 from promptemb.common.io import atomic_write_json
-from promptemb.data.fit_corpora import TARGET
 from promptemb.data.tasks import STS_SUITE
 from promptemb.encoder.model import Encoder, Shard, attention_implementation, combine_needs
 from promptemb.evaluation.plots import plot_curve
@@ -43,54 +44,60 @@ log = logging.getLogger(__name__)
 SELECTION_POOLER = "mask"  # the one ModelCheckpoint monitors (configs/callbacks/default.yaml)
 
 
+@dataclass
+class EvaluationPlan:
+    """When and on what the callback scores: the dev task every `every_n_steps` optimiser steps (and once before
+    training) with the module's poolers plus `dev_poolers`; at the end of fit the best checkpoint on `final_tasks`;
+    `shard_evaluation`: under DDP every rank encodes a share of the dev sentences (else rank 0 alone)."""
+
+    every_n_steps: int = 125
+    dev_task: str = "STSBenchmark-dev"
+    dev_poolers: list[str] | tuple[str, ...] = ()
+    final_tasks: list[str] | tuple[str, ...] = STS_SUITE
+    batch_size: int = 128
+    evaluate_before_training: bool = True
+    score_best_at_end: bool = True
+    shard_evaluation: bool = True
+
+
+#: What the flat keys of the callback's config node (configs/callbacks/default.yaml) are split into.
+CONFIG_SETTINGS = (ScoringSettings, EvaluationPlan)
+
+
 class STSEvaluationCallback(pl.Callback):
-    def __init__(
-        self,
-        output_dir: str,
-        data_root: str | None = None,
-        every_n_steps: int = 125,
-        dev_task: str = "STSBenchmark-dev",
-        final_tasks: list[str] | tuple[str, ...] = STS_SUITE,
-        batch_size: int = 128,
-        evaluate_before_training: bool = True,
-        score_best_at_end: bool = True,
-        provenance: dict | None = None,
-        poolers: list[str] | tuple[str, ...] = (),
-        pooler_args: dict | None = None,
-        post: list[str] | tuple[str, ...] = (),
-        post_args: dict | None = None,
-        fit_corpus: str = TARGET,
-        analysis: bool = False,
-        dev_poolers: list[str] | tuple[str, ...] = (),
-        task_registry: str | None = None,
-        transfer_args: dict | None = None,
-        clustering_args: dict | None = None,
-        shard_evaluation: bool = True,
-    ):
-        """`poolers` / `post` / `fit_corpus` / `analysis` / `task_registry` / `transfer_args` / `clustering_args` as
-        in evaluate.py, for the final scoring; `dev_poolers` are scored on the dev task at every evaluation too (on top
-        of the module's own [MASK] and avg); `shard_evaluation`: under DDP every rank encodes a share of the dev
-        sentences (else rank 0 alone)."""
+    def __init__(self, session: ScoringSession, output_dir: str, plan: EvaluationPlan | None = None,
+                 provenance: dict | None = None):
+        """`session`: what the final scoring scores with, as evaluate.py (poolers, post-processors and their fit
+        corpus, task registry, transfer / clustering settings, analysis); the dev evaluation uses its pooler
+        arguments too. `plan`: the cadence and the tasks. `provenance`: added to results.json. The config builds it
+        with `from_config`."""
+        plan = plan or EvaluationPlan()
+        self.session = session
         self.output_dir = Path(output_dir)
-        self.every_n_steps = every_n_steps
-        self.dev_task = dev_task
-        self.final_tasks = list(final_tasks)
-        self.batch_size = batch_size
-        self.evaluate_before_training = evaluate_before_training
-        self.score_best_at_end = score_best_at_end
+        self.every_n_steps = plan.every_n_steps
+        self.dev_task = plan.dev_task
+        self.final_tasks = list(plan.final_tasks)
+        self.batch_size = plan.batch_size
+        self.evaluate_before_training = plan.evaluate_before_training
+        self.score_best_at_end = plan.score_best_at_end
         self.provenance = dict(provenance or {})
         self.history: list[dict] = []
-        self.dev_extra_poolers = list(dev_poolers)
-        self.shard_evaluation = shard_evaluation
-        # the same session evaluate.py scores with (configs/scoring/), built now, so an unknown name or argument
-        # fails at instantiation; model-dependent checks: on_fit_start
-        self.session = ScoringSession(
-            ScoringSettings(poolers=list(poolers), pooler_args=dict(pooler_args or {}), post=list(post),
-                            post_args=dict(post_args or {}), fit_corpus=fit_corpus, analysis=analysis,
-                            task_registry=task_registry, transfer_args=dict(transfer_args or {}),
-                            clustering_args=dict(clustering_args or {})),
-            data_root, other_poolers=self.dev_extra_poolers, poolers_required=False)
-        self.extra_poolers = list(poolers)
+        self.dev_extra_poolers = list(plan.dev_poolers)
+        self.shard_evaluation = plan.shard_evaluation
+        self.extra_poolers = list(session.settings.poolers)
+
+    @classmethod
+    @keywords_of(*CONFIG_SETTINGS)
+    def from_config(cls, output_dir: str, data_root: str | None = None, provenance: dict | None = None,
+                    **keys) -> STSEvaluationCallback:
+        """The callback from its config node's flat keys (`callbacks.sts_evaluation.poolers=...`,
+        `callbacks.sts_evaluation.every_n_steps=...`): the scoring group's (`ScoringSettings`, configs/scoring/) and
+        the plan's (`EvaluationPlan`). The session is built now, so an unknown pooler, post-processor or argument
+        fails at instantiation (model-dependent checks: on_fit_start); the dev poolers may be configured by
+        `pooler_args` too."""
+        settings, plan = split_keywords(keys, *CONFIG_SETTINGS)
+        session = ScoringSession(settings, data_root, other_poolers=plan.dev_poolers, poolers_required=False)
+        return cls(session, output_dir, plan, provenance)
 
     def poolers_for(self, module, extra: list[str]) -> list[Pooler]:
         """The module's evaluation poolers, then each extra one whose name they do not already use."""

@@ -3,7 +3,8 @@ The owners of each config group use it: training/config_checks.py (train.py), ev
 (evaluate.py), encoder/settings.py (the backbone).
 
 Types come from where the values go: every config node with a `_target_` is checked against the type hints of that
-class's constructor (following `**kwargs` up the class hierarchy) or function, the `backbone` node against `Encoder`'s,
+class's constructor (following `**kwargs` up the class hierarchy) or function (a factory's flat keys against the
+settings dataclasses it declares), the `backbone` node against `Encoder`'s,
 the remaining top-level keys against their owners' pydantic settings models. pydantic checks each value against its
 hint (strict mode) and against the range declared once per parameter name (`RANGES`, annotated-types intervals),
 wherever the name occurs; valid values are registered by name too (`CHOICES`). Then what only the machine and the file
@@ -16,6 +17,7 @@ only Hydra's own files) is removed.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import tempfile
@@ -30,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, FiniteFloat, TypeAdapter, ValidationError
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.instantiate import KEYWORD_SETTINGS
 from promptemb.configs import CONFIG_DIR
 
 # -- declared once per parameter name --------------------------------------------------------------------------------
@@ -192,7 +195,8 @@ def _plural(word: str) -> str:
 
 def parameter_hints(target) -> tuple[dict[str, Any], bool]:
     """(parameter -> type hint, accepts unknown keywords) of a function or of `cls(...)`, following `**kwargs` to the
-    base classes."""
+    base classes; a factory whose `**keywords` are the fields of settings dataclasses (`common.instantiate.keywords_of`)
+    takes exactly those fields, typed as declared."""
     hints: dict[str, Any] = {}
     functions = [klass.__dict__.get("__init__") for klass in target.__mro__] if inspect.isclass(target) else [target]
     for function in filter(None, functions):
@@ -204,9 +208,19 @@ def parameter_hints(target) -> tuple[dict[str, Any], bool]:
         for name, parameter in parameters.items():
             if name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
                 hints.setdefault(name, resolved.get(name, Any))
-        if not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        settings = getattr(function, KEYWORD_SETTINGS, ())
+        for kind in settings:
+            fields = typing.get_type_hints(kind, include_extras=True)
+            hints.update({field.name: fields.get(field.name, Any) for field in dataclasses.fields(kind)})
+        if settings or not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
             return hints, False
     return hints, True
+
+
+def target_name(obj) -> str:
+    """How a `_target_` is named in messages: a classmethod factory by its class."""
+    owner = getattr(obj, "__self__", None)
+    return owner.__name__ if inspect.isclass(owner) else obj.__name__
 
 
 def check_value(key: str, value: Any, hint=Any) -> None:
@@ -250,8 +264,8 @@ def check_targets(node: Any, prefix: str = "") -> None:
                 obj = get_object(target)
             except Exception:  # not importable: Hydra reports it when instantiating
                 obj = None
-            if callable(obj):
-                check_node(prefix, node, *parameter_hints(obj), obj.__name__)
+            if callable(obj):  # a class, a function (a learning-rate schedule) or a classmethod factory
+                check_node(prefix, node, *parameter_hints(obj), target_name(obj))
         for name, value in node.items():
             check_targets(value, f"{prefix}{name}.")
 

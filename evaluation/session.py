@@ -37,14 +37,14 @@ class ScoringSettings:
     """The `scoring` config group (configs/scoring/): evaluate.py's top-level keys, the training callback's keys."""
 
     poolers: Sequence[str] = ()
-    pooler_args: dict = field(default_factory=dict)
+    pooler_args: dict | None = field(default_factory=dict)  # null: none
     post: Sequence[str] = ()
-    post_args: dict = field(default_factory=dict)
+    post_args: dict | None = field(default_factory=dict)
     fit_corpus: str = TARGET
     analysis: bool = False
     task_registry: str | None = None
-    transfer_args: dict = field(default_factory=dict)
-    clustering_args: dict = field(default_factory=dict)
+    transfer_args: dict | None = field(default_factory=dict)
+    clustering_args: dict | None = field(default_factory=dict)
 
 
 def protocol_config(kind, overrides, key: str):

@@ -92,7 +92,7 @@ def test_strict_json_writes_null_for_non_finite(tmp_path):
     ([(0, 40.9), (25, 12.0), (50, 3.1)], True),
 ])
 def test_run_summary_names_the_best_step_and_warns_on_collapse(history, warned, tmp_path):
-    callback = STSEvaluationCallback(output_dir=str(tmp_path))
+    callback = STSEvaluationCallback.from_config(output_dir=str(tmp_path))
     callback.history = [{"step": step, "mask": score} for step, score in history]
     line = callback.summary()
     best_step, best = max(history[1:], key=lambda point: point[1])

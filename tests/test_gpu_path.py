@@ -60,7 +60,7 @@ class EmulatedAcceleratorModule(pl.LightningModule):
 def devices_final_scoring_ran_on(module, root_device, tmp_path, monkeypatch) -> list[torch.device]:
     """Run STSEvaluationCallback.on_fit_end for a trainer whose strategy trains on `root_device` (no checkpoint
     selected); the device(s) the module was on when the final scoring ran."""
-    callback = STSEvaluationCallback(output_dir=str(tmp_path), final_tasks=["STSBenchmark"])
+    callback = STSEvaluationCallback.from_config(output_dir=str(tmp_path), final_tasks=["STSBenchmark"])
     scored_on = []
     monkeypatch.setattr(callback, "_score_final", lambda trainer, scored, checkpoint: scored_on.append(scored.device))
     trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(best_model_path="", best_model_score=None),

@@ -396,7 +396,7 @@ def test_fit_end_scores_the_best_checkpoint_safely_and_restores_the_live_weights
     best = {name: tensor + 0.01 if tensor.is_floating_point() else tensor for name, tensor in live.items()}
     path = tmp_path / "best.ckpt"
     torch.save({"state_dict": best}, path)
-    callback = STSEvaluationCallback(output_dir=str(tmp_path / "out"), data_root=str(real_data_root),
+    callback = STSEvaluationCallback.from_config(output_dir=str(tmp_path / "out"), data_root=str(real_data_root),
                                      final_tasks=["STSBenchmark"], provenance={"seed": 1})
     scored, real_score = {}, callback.score
 
@@ -436,7 +436,7 @@ def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(ti
 
     root, registry = mini_data
     write_mini_labeled(root, registry)
-    callback = sts_evaluation.STSEvaluationCallback(
+    callback = sts_evaluation.STSEvaluationCallback.from_config(
         output_dir=str(tmp_path / "out"), data_root=str(root), final_tasks=["MINI-B", "MINITR", "MINICL"],
         task_registry=str(registry), poolers=["mean"], provenance={"seed": 1},
         transfer_args={"kfold": 2, "max_epoch": 4, "l2_grid": [0.001, 0.01]},

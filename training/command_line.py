@@ -6,7 +6,9 @@ set to `train` in configs/train.yaml, so the run folder's log is train.log which
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 
 import hydra
 from omegaconf import DictConfig
@@ -16,8 +18,10 @@ from promptemb.common.cli import MULTIRUN_FLAGS
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.common.overrides import parse_overrides, sweep_values
 from promptemb.configs import CONFIG_DIR
+from promptemb.training.optuna_search import run_study
 from promptemb.training.preflight import check_run_before_hydra
-from promptemb.training.runner import run
+from promptemb.training.runner import best_dev_score, objective, train
+from promptemb.training.trials import trial
 
 
 def compose_train(overrides: list[str]) -> DictConfig:
@@ -75,14 +79,28 @@ TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input'
                         "quantization": "model.quantization=4bit (QLoRA in the decoder recipe prompteol_sup)"}
 
 
+def command_line_first(hydra_task: Callable[[], None]) -> Callable[[], None]:
+    """Around Hydra's `main`: train.py's command line is checked before Hydra composes the config and creates the
+    run folder (for a resume or an existing folder, with the config check and the preflight); one `error:` line."""
+
+    @functools.wraps(hydra_task)
+    def checked() -> None:
+        exit_on_user_error(cli.check_command_line)("train", sys.argv[1:], check_experiment_overrides,
+                                                    check_train_only_keys, check_run_before_hydra)
+        hydra_task()
+
+    return checked
+
+
+@command_line_first
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 @exit_on_user_error
-def compose_and_run(cfg: DictConfig) -> float | None:
-    """Returns the best STS-B dev [MASK] score (the objective of sweeps)."""
-    return run(cfg)
-
-
-def main() -> None:
-    exit_on_user_error(cli.check_command_line)("train", sys.argv[1:], check_experiment_overrides,
-                                                check_train_only_keys, check_run_before_hydra)
-    compose_and_run()
+def main(cfg: DictConfig) -> float | None:
+    """train.py's task, Hydra's `main` as in lightning-hydra-template: `train(cfg)` as a trial (its outcome recorded
+    in the run folder; under -m a failed trial does not stop the sweep), or an Optuna search when `hparams_search` is
+    set (each trial one `train(cfg)`). Returns the best STS-B dev [MASK] score (the objective of sweeps)."""
+    if cfg.get("hparams_search"):
+        return run_study(cfg, objective)
+    with trial(cfg.output_dir) as outcome:
+        outcome.objective = best_dev_score(train(cfg))
+    return outcome.objective

@@ -4,6 +4,8 @@ model files and the training data files."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -91,7 +93,32 @@ def check_training_data(cfg: DictConfig, data: dict, root: Path) -> None:
             check_nli_header(path)
 
 
-def check_train_config(cfg: DictConfig) -> None:
-    """Everything about a train.py config that can be refuted before a model or a corpus is loaded."""
+def check_train_config(cfg: DictConfig, remember: bool = False) -> None:
+    """Everything about a train.py config that can be refuted before a model or a corpus is loaded. `remember`:
+    train.py's command line checks before Hydra composes the same config again for `train()`, which then does not
+    check it a second time (`check_train_config_once`)."""
     with nothing_left_on_user_error():
         _check_train(cfg)
+    if remember:
+        _CHECKED_BEFORE_HYDRA.add(config_digest(cfg))
+
+
+#: Digests of the resolved configs train.py's command line has checked in this process, each taken once by `train()`.
+_CHECKED_BEFORE_HYDRA: set[str] = set()
+
+
+def config_digest(cfg: DictConfig) -> str:
+    return hashlib.sha256(json.dumps(resolved(cfg), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def check_train_config_once(cfg: DictConfig) -> None:
+    """`train()`'s check: skipped when the command line has just checked this very config (the same resolved
+    values), so each command checks its config once; a config that differs in any value is checked."""
+    try:
+        digest = config_digest(cfg)
+    except ConfigError:  # does not resolve: the check says so in its own words
+        digest = None
+    if digest in _CHECKED_BEFORE_HYDRA:
+        _CHECKED_BEFORE_HYDRA.discard(digest)
+        return
+    check_train_config(cfg)

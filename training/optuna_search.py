@@ -25,10 +25,11 @@ from promptemb.training.trials import (
     COMPLETED,
     INTERRUPTED,
     RunInterruptedError,
+    TrialOutcome,
     exit_if_failed,
-    run_trial,
     summarise,
     task_overrides,
+    trial,
 )
 
 log = logging.getLogger(__name__)
@@ -71,19 +72,13 @@ def check_keys(cfg: DictConfig, keys: list[str]) -> None:
         raise ConfigError(f"hparams_search.params: {', '.join(missing)} is not a key of train.py's config")
 
 
-def raising(err: Exception) -> Callable[[DictConfig], float | None]:
-    def fail(_cfg: DictConfig) -> float | None:
-        raise err
-
-    return fail
-
-
 def override_value(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def run_study(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None]) -> float | None:
-    """Run the configured study; returns the best objective (None if no trial completed)."""
+def run_study(cfg: DictConfig, objective: Callable[[DictConfig], float | None]) -> float | None:
+    """Run the configured study, each trial `objective(trial_cfg)` (a train.py run: the best dev score it reached);
+    returns the best objective (None if no trial completed)."""
     optuna = require("optuna", "hparams_search (Optuna)")
     from hydra import compose
     from hydra.utils import instantiate
@@ -102,28 +97,28 @@ def run_study(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None]) -
     base = [o for o in task_overrides() if not o.lstrip("+~").startswith(("hparams_search", "output_dir="))]
     rows = []
     for number in range(int(search.n_trials)):
-        trial = study.ask(space)
+        asked = study.ask(space)
         trial_dir = study_dir / "trials" / str(number)
-        overrides = [*base, *(f"{key}={override_value(value)}" for key, value in trial.params.items()),
+        overrides = [*base, *(f"{key}={override_value(value)}" for key, value in asked.params.items()),
                      f"output_dir={trial_dir}", "~hparams_search"]
-        log.info("trial %d: %s", number, trial.params)
+        log.info("trial %d: %s", number, asked.params)
         token = STUDY_TRIAL_OVERRIDES.set(overrides)  # what a stopped trial's resume command repeats
         try:
-            outcome = run_study_trial(compose, overrides, trial_dir, train_fn, trial.params)
+            outcome = run_study_trial(compose, overrides, trial_dir, objective, asked.params)
         except RunInterruptedError as err:  # Ctrl-C: the study stops; what ran so far is written down
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            rows.append({"trial": number, "status": INTERRUPTED, "objective": None, "params": trial.params,
+            study.tell(asked, state=optuna.trial.TrialState.FAIL)
+            rows.append({"trial": number, "status": INTERRUPTED, "objective": None, "params": asked.params,
                          "reason": str(err), "run_dir": str(trial_dir)})
             write_study(study, search, study_dir, rows, optuna)
             raise
         finally:
             STUDY_TRIAL_OVERRIDES.reset(token)
         if outcome.status == COMPLETED and outcome.objective is not None:
-            study.tell(trial, outcome.objective)
+            study.tell(asked, outcome.objective)
         else:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            study.tell(asked, state=optuna.trial.TrialState.FAIL)
         rows.append({"trial": number, "status": outcome.status, "objective": outcome.objective,
-                     "params": trial.params, "reason": outcome.reason, "run_dir": str(trial_dir)})
+                     "params": asked.params, "reason": outcome.reason, "run_dir": str(trial_dir)})
     failed, best = write_study(study, search, study_dir, rows, optuna)
     if best is not None:
         log.info("best trial %d: %.2f with %s", best.number, best.value, best.params)
@@ -131,15 +126,16 @@ def run_study(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None]) -
     return best.value if best else None
 
 
-def run_study_trial(compose, overrides: list[str], trial_dir: Path, train_fn, params: dict):
-    """One trial of the study as a train.py run in `trial_dir`."""
-    try:
-        trial_cfg = compose(config_name="train", overrides=overrides)
-    except Exception as err:  # an impossible combination: a failed trial, not a failed study
-        trial_dir.mkdir(parents=True, exist_ok=True)
-        trial_cfg = OmegaConf.create({"output_dir": str(trial_dir)})
-        return run_trial(trial_cfg, raising(err), in_sweep=True, overrides=overrides, params=params)
-    return run_trial(trial_cfg, train_fn, in_sweep=True, overrides=overrides, params=params)
+def run_study_trial(compose, overrides: list[str], trial_dir: Path, objective, params: dict) -> TrialOutcome:
+    """One trial of the study: `objective` of train.py's config with the trial's overrides, in `trial_dir`."""
+    with trial(trial_dir, in_sweep=True, overrides=overrides, params=params) as outcome:
+        try:
+            trial_cfg = compose(config_name="train", overrides=overrides)
+        except Exception:  # an impossible combination: a failed trial, not a failed study
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            raise
+        outcome.objective = objective(trial_cfg)
+    return outcome
 
 
 def write_study(study, search: DictConfig, study_dir: Path, rows: list[dict], optuna):

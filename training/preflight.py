@@ -1,7 +1,8 @@
 """The refusals that come before a run touches its folder, run twice: on the command line before Hydra composes the
 job (Hydra writes `.hydra/` and opens the log in the run folder before any task code runs, so a refused resume or a
 second run on a live folder would otherwise rewrite the other run's config), and again in `train()` (which tests,
-sweeps and Optuna trials call directly).
+sweeps and Optuna trials call directly; the folder may have changed meanwhile). The config check before them runs
+once per command: `train()` skips a config the command line has just checked.
 
 * `ckpt_path` names a readable train.py checkpoint (or `last` finds one);
 * the checkpoint's lineage matches this config (`training/lineage.py`);
@@ -57,6 +58,6 @@ def check_run_before_hydra(argv: list[str]) -> None:
     except Exception:  # overrides that do not compose: Hydra reports them
         return
     if resuming or exists:
-        check_train_config(cfg)
+        check_train_config(cfg, remember=True)  # not checked again in train(): one check per command
         preflight(cfg)
 

@@ -49,7 +49,7 @@ class RunInterruptedError(UserError):
 
 @contextlib.contextmanager
 def before_the_run() -> Iterator[None]:
-    """A user error (or Ctrl-C) raised inside comes before the run takes its folder: `run_trial` then leaves the
+    """A user error (or Ctrl-C) raised inside comes before the run takes its folder: `trial` then leaves the
     folder exactly as it found it (no status.json, nothing removed that was there before)."""
     try:
         yield
@@ -107,24 +107,29 @@ def hydra_job_dir() -> Path | None:
     return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
 
 
-def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], in_sweep: bool,
-              overrides: list[str] | None = None, params: dict | None = None) -> TrialOutcome:
-    """Run `train_fn(cfg)` (returning the objective) and record the outcome in the run folder, following the
-    failed-run policy above. Outside a sweep an error propagates; inside one it is logged as one line and returned
-    as a failed outcome, except Ctrl-C, which records the trial and stops the sweep (`RunInterruptedError`)."""
-    run_dir = Path(cfg.output_dir)
+@contextlib.contextmanager
+def trial(run_dir: str | Path, in_sweep: bool | None = None, overrides: list[str] | None = None,
+          params: dict | None = None) -> Iterator[TrialOutcome]:
+    """Around one run in `run_dir` (`in_sweep`: under -m when not given): yields its `TrialOutcome`, in which the
+    block puts the objective; records the outcome in the run folder following the failed-run policy above. Outside
+    a sweep an error propagates; inside one it is logged as one line and the block ends with a failed outcome,
+    except Ctrl-C, which records the trial and stops the sweep (`RunInterruptedError`)."""
+    run_dir = Path(run_dir)
+    in_sweep = in_multirun() if in_sweep is None else in_sweep
     if not is_global_rank_zero():  # one record per run, in rank 0's folder, written by rank 0
-        objective = train_fn(cfg)
-        return TrialOutcome(COMPLETED, objective=objective)
+        yield TrialOutcome(COMPLETED)
+        return
     outcome = TrialOutcome(COMPLETED, overrides=list(overrides if overrides is not None else task_overrides()),
                            params=dict(params or {}))
     try:
-        objective = train_fn(cfg)
+        yield outcome
+        objective = outcome.objective
         outcome.objective = objective if objective is None or math.isfinite(objective) else None
     except (Exception, KeyboardInterrupt) as caught:
         # Ctrl-C outside Lightning's fit loop (which train() turns into RunInterruptedError itself)
         err = RunInterruptedError(f"interrupted (Ctrl-C); {resume_hint(run_dir)}") if isinstance(
             caught, KeyboardInterrupt) else caught
+        outcome.objective = None
         outcome.status = (PREEMPTED if isinstance(err, PreemptedError) else
                           INTERRUPTED if isinstance(err, RunInterruptedError) else FAILED)
         outcome.reason = str(err).splitlines()[0] if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
@@ -142,11 +147,18 @@ def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], i
             summarise_sweep(sweep_dir, title_suffix=" (interrupted)")
         if in_sweep and not isinstance(err, RunInterruptedError):
             log.error("trial failed: %s", outcome.reason)
-            return outcome
+            return  # the sweep goes on
         if err is caught:
             raise
         raise err from None
     record(outcome, run_dir)
+
+
+def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], in_sweep: bool,
+              overrides: list[str] | None = None, params: dict | None = None) -> TrialOutcome:
+    """`train_fn(cfg)` (returning the objective) as a trial in `cfg.output_dir`."""
+    with trial(cfg.output_dir, in_sweep, overrides, params) as outcome:
+        outcome.objective = train_fn(cfg)
     return outcome
 
 
