@@ -30,7 +30,7 @@ seeds: install
 # Re-run every CPU recipe that pins its expected scores (experiment files' `expected_scores`) and fail when a score
 # leaves its band; prints expected vs measured.
 reproduce: install
-	$(BIN)/python -m pytest -m slow tests/test_reproduce.py -s
+	$(BIN)/python -m pytest -m slow tests/research/test_reproduce.py -s
 
 # No training: all-MiniLM-L6-v2 on the 7 STS tasks with mean, [MASK] and avg pooling.
 evaluate: install

@@ -4,8 +4,8 @@
 
 Parts (each run as its own subprocess, so one failing part does not stop the others):
 
-* `pytest`: `pytest -m gpu` (tests/test_gpu_cuda.py: gradient caching under bf16, dropout replay in pass 2, sharded
-  dev evaluation = one process, final scoring on the training device, same-device-count resume);
+* `pytest`: `pytest -m gpu` (tests/training/test_gpu_cuda.py: gradient caching under bf16, dropout replay in pass 2,
+  sharded dev evaluation = one process, final scoring on the training device, same-device-count resume);
 * `throughput`: bench/train_throughput.py on bert-base randomly initialised from its config (BertConfig(), the
   uncased vocabulary of the installed MiniLM package) with local data: promptbert_unsup (bf16-mixed, batch 64 and
   256, 32 sentence tokens) and promptbert_sup; tokens/s, step phases, peak memory, MFU against the device's dense
@@ -123,8 +123,8 @@ def suite(work: Path, data_root: str | None, tasks: str) -> dict:
 
 
 def pytest_gpu() -> dict:
-    return run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "gpu", "tests/test_gpu_cuda.py"],
-               1800)
+    return run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "gpu",
+                "tests/training/test_gpu_cuda.py"], 1800)
 
 
 def markdown(report: dict) -> str:

@@ -19,8 +19,8 @@ only torch, transformers and sentence-transformers. It re-implements, minimally,
                                position ids counted over real tokens, the last real token pooled at the layer;
 * lightning_modules/prompteol.py   a kept LoRA adapter applied (peft, imported only then) to the recorded base model,
                                whose weights must hash to the recorded sha256.
-tests/test_export.py (encoders, tiny BERTs) and tests/test_export_decoder.py (tiny LLaMA / OPT / GPT-2) compare this
-file with those (many lengths, truncation, padding sides, batch compositions): change them together.
+tests/exporting/test_export.py (encoders, tiny BERTs) and tests/exporting/test_export_decoder.py (tiny LLaMA / OPT /
+GPT-2) compare this file with those (many lengths, truncation, padding sides, batch compositions): change them together.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Re-run the fault-injection test modules (tests/test_fault_*.py) and write docs/faults.md: per class of fault, how
+"""Re-run the fault-injection test modules (tests/*/test_fault_*.py) and write docs/faults.md: per class of fault, how
 many faults were injected (test cases) and how many were survived (the test passed: the expected one-line error or
 recovery, nothing existing changed, nothing left behind), plus the kill -9 loop's result when it was run.
 
@@ -26,18 +26,19 @@ from promptemb.common.io import atomic_write_text  # noqa: E402
 
 #: Test module -> the class of fault it injects.
 CLASSES = {
-    "test_fault_export_hash": "Export weights not the ones exported (swapped, truncated, flipped byte, missing, extra)",
-    "test_fault_cache": "Pre-tokenized cache damaged (truncated, random bytes, zeroed 4 KB, record lost or wrong, "
-                        "file missing; concurrent rebuilders)",
-    "test_fault_atomic_writes": "Checkpoint writes (TMPDIR elsewhere, disk full / EFBIG / EIO, kill mid-write, "
-                                "orphans, ulimit -f)",
-    "test_fault_memory": "Out of memory in training (CPU allocator, CUDA)",
-    "test_fault_values_keys": "Values and keys (nan/inf, misspelt keys and options, keys another mode reads)",
+    "exporting/test_fault_export_hash": "Export weights not the ones exported (swapped, truncated, flipped byte, "
+                                        "missing, extra)",
+    "training/test_fault_cache": "Pre-tokenized cache damaged (truncated, random bytes, zeroed 4 KB, record lost or "
+                                 "wrong, file missing; concurrent rebuilders)",
+    "training/test_fault_atomic_writes": "Checkpoint writes (TMPDIR elsewhere, disk full / EFBIG / EIO, kill "
+                                         "mid-write, orphans, ulimit -f)",
+    "training/test_fault_memory": "Out of memory in training (CPU allocator, CUDA)",
+    "training/test_fault_values_keys": "Values and keys (nan/inf, misspelt keys and options, keys another mode reads)",
 }
 
 
 def run_tests(slow: bool, report: Path) -> None:
-    modules = [str(REPO / "tests" / f"{name}.py") for name in CLASSES]
+    modules = [str(REPO / "tests" / f"{path}.py") for path in CLASSES]
     marks = ["-m", "slow or not slow"] if slow else []
     subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *marks, f"--junitxml={report}",
                     *modules], cwd=REPO, check=False)
@@ -47,7 +48,7 @@ def count(report: Path) -> dict[str, Counter]:
     """Per module: injected (cases run) and survived (passed)."""
     counts: dict[str, Counter] = {name: Counter() for name in CLASSES}
     for case in ET.parse(report).getroot().iter("testcase"):
-        module = case.get("classname", "").rsplit(".", 1)[-1]
+        module = case.get("classname", "").removeprefix("tests.").replace(".", "/")
         if module not in counts or case.find("skipped") is not None:
             continue
         counts[module]["injected"] += 1
@@ -91,7 +92,7 @@ def main() -> int:
              f"Written by `scripts/fault_table.py{' --slow' if args.slow else ''}` on "
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. A fault is survived when the test passes: the entry "
              "point ends in one `error:` line (exit 2, no traceback) or recovers with one warning line, whatever "
-             "existed stays byte-identical and nothing is left behind. Each test module under `tests/test_fault_*.py` "
+             "existed stays byte-identical and nothing is left behind. Each test module `tests/*/test_fault_*.py` "
              "is one class; re-run this script to refresh the table" + ("" if args.slow else
                                                                          " (`--slow`: end-to-end runs too)") + ".",
              "", "| Class of fault | Injected | Survived |", "|---|---:|---:|"]

@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from promptemb.lightning_modules.losses import world_size
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
-from tests.test_grad_cache import SENTENCES, TRIPLETS
+from tests.lightning_modules.test_grad_cache import SENTENCES, TRIPLETS
 
 
 class TrainingStep(torch.nn.Module):

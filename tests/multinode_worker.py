@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
-from tests.test_grad_cache import SENTENCES
+from tests.lightning_modules.test_grad_cache import SENTENCES
 
 
 class RecordStep(pl.Callback):

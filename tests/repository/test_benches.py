@@ -1,0 +1,79 @@
+"""Every bench in bench/ runs to completion on tiny settings and prints its figures (bench/train_throughput.py:
+tests/repository/test_train_throughput.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.helpers import save_tiny_bert
+
+
+@pytest.fixture(scope="module")
+def tiny6(tmp_path_factory) -> Path:
+    """6 layers and 12 heads: every pooler's defaults fit (sbert_wk from layer 4, the Ditto head 0/8 of the docs)."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny6"), layers=6, heads=12, hidden=48)
+
+
+def bench(script: str, *args: str, data_root: Path | None = None) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if data_root is not None:
+        env["PROMPTEMB_DATA"] = str(data_root)
+    proc = subprocess.run([sys.executable, f"bench/{script}", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_sbert_wk_speed(tiny6, real_data_root):
+    out = bench("sbert_wk_speed.py", "--model", tiny6, "--sentences", 24, data_root=real_data_root)
+    assert re.search(r"^24 sentences, \d+ tokens, 3 layers \(from 4\)", out, re.M)
+    assert re.search(r"batched \(gram, default\) .* speed-up +[\d.]+x", out)
+    gram, qr = map(float, re.search(r"max abs diff vs loop: gram (\S+), qr (\S+) ", out).groups())
+    assert gram < 1e-8 and qr < 1e-8  # the batched pooler equals the per-token loop
+
+
+@pytest.mark.slow
+def test_pooler_suite_cost(tiny6, mini_data):
+    root, registry = mini_data
+    out = bench("pooler_suite_cost.py", "--model", tiny6, "--tasks", "MINI-B", "MINI12", "--data-root", root,
+                "--task-registry", registry, "--threads", 1)
+    assert "left out: mask_topk (needs an MLM head); token_avg (needs a named corpus" in out
+    sequences = [int(n) for n in re.findall(r"\((\d+) sequences through the transformer\)", out)]
+    assert len(sequences) == 3 and sequences[1] == sequences[2] == 2 * sequences[0]  # plain + templated forms
+    assert re.search(r"all / mask alone += [\d.]+x CPU time", out)
+
+
+@pytest.mark.slow
+def test_denoising_step_time(tiny6, real_data_root):
+    out = bench("denoising_step_time.py", "--model", tiny6, "--batch-size", 4, "--steps", 2, "--rounds", 1,
+                "--threads", 1, data_root=real_data_root)
+    rows = re.findall(r"s/step +([\d.]+)x +CPU +[\d.]+ s/step +([\d.]+)x", out)
+    assert len(rows) == 3 and rows[0] == ("1.00", "1.00")  # wall and CPU ratios, against the step without denoising
+
+
+@pytest.mark.slow
+def test_encode_throughput(tiny6, real_data_root):
+    out = bench("encode_throughput.py", "--model", tiny6, "--sentences", 40, "--repeats", 1,
+                data_root=real_data_root)
+    assert re.search(r"project  Encoder\.embed\(mean\) +[\d.]+ sentences/s", out)
+    assert re.search(r"speed-up eager [\d.]+x", out) and re.search(r"speed-up compiled [\d.]+x \(goal", out)
+    assert re.search(r"compiled +[\d.]+ sentences/s .*first call", out)
+
+
+@pytest.mark.slow
+def test_transfer_clustering_suite(tiny6, real_data_root, tmp_path):
+    report = tmp_path / "suite.json"
+    out = bench("transfer_clustering_suite.py", "--model", tiny6, "--tasks", "TREC", "tweet", "--threads", 1,
+                "--output", report, data_root=real_data_root)
+    assert "transfer: encode" in out and "clustering: encode" in out
+    families = json.loads(report.read_text())["families"]
+    assert set(families["transfer"]["scores"]) >= {"TREC"} and set(families["clustering"]["scores"]) >= {"tweet"}
