@@ -278,9 +278,9 @@ class Encoder:
         """`device_map` (e.g. "auto") and `quantization` ("4bit", CUDA only) are passed to `from_pretrained` for
         models too big for one device; `padding_side` applies to decoders (results do not depend on it).
         `compile`: run the transformer through torch.compile (Inductor, dynamic shapes, weights frozen into the
-        graph, so only for inference): the first batches of each input shape family pay the compilation (about a
-        minute for MiniLM on 2 CPU cores), later ones run faster (docs/benchmarks.md); refused here when Inductor
-        cannot run on this machine. `autocast`: the forwards under bf16 autocast (`bf16`, or `auto`: on CUDA only),
+        graph, so only for inference): the first batches pay the compilation (minutes on a small CPU), later ones
+        run faster (docs/benchmarks.md: worth it for large corpora); refused here when Inductor cannot run on
+        this machine. `autocast`: the forwards under bf16 autocast (`bf16`, or `auto`: on CUDA only),
         pooling and similarities in float32."""
         path = resolve_model_path(name_or_path)
         if dtype not in DTYPES:

@@ -98,10 +98,11 @@ def load_module_checkpoint(path: str | Path, base_model: str | None = None) -> L
     path = Path(path)
     checkpoint = read_checkpoint(path)
     class_path = module_class_path(checkpoint)
-    if class_path in ADAPTER_CLASSES:
-        raise DataError(f"checkpoint {path} holds a LoRA adapter of a decoder ({class_path.rsplit('.', 1)[1]}); load "
-                        f"it with {ADAPTER_CLASSES[class_path]} or load_encoder, export it with export.py "
-                        "(adapter=merge|keep; docs/export.md)")
+    if class_path in ADAPTER_CLASSES:  # the LoRA recipe: its loader puts the adapter on the recorded base model
+        loader_module, loader_name = ADAPTER_CLASSES[class_path].rsplit(".", 1)
+        module = getattr(importlib.import_module(loader_module), loader_name)(path, base_model)
+        return LoadedCheckpoint(module=module, path=path, sha256=sha256_file(path, cached=False),
+                                class_path=class_path, global_step=checkpoint.get("global_step"))
     module_name, class_name = class_path.rsplit(".", 1)
     module_cls = getattr(importlib.import_module(module_name), class_name)
     hparams = dict(checkpoint["hyper_parameters"])

@@ -119,11 +119,22 @@ def test_training_resumes_from_an_adapter_only_checkpoint(trained, tiny_llama):
 
 
 @needs_data
-def test_encoder_checkpoint_loader_points_to_the_adapter_loader(trained):
-    _, _, path = trained
-    with pytest.raises(DataError) as caught:
-        load_module_checkpoint(path)
-    assert "\n" not in str(caught.value) and "load_adapter_checkpoint" in str(caught.value)
+def test_evaluate_scores_an_adapter_checkpoint_as_the_recipe_does(trained):
+    """What evaluate.py opens for a LoRA-recipe .ckpt: the module on its recorded base, scored with its own
+    evaluation template and last-token pooler (whole sentences, as the training callback scores), giving the
+    embeddings of the encode API and of the export."""
+    from promptemb.inference.model_sources import open_trained_model
+    from promptemb.inference.prompt_encoder import PromptEncoder
+
+    module, _, path = trained
+    loaded = load_module_checkpoint(path)
+    assert loaded.class_path.endswith("PromptEOLSup") and loaded.global_step == 12
+    model = open_trained_model(str(path), device="cpu")
+    assert model.source["kind"] == "checkpoint" and model.source["checkpoint_sha256"] == loaded.sha256
+    assert model.template.text == module.eval_template.text and model.encoder.is_decoder
+    embeddings = model.encoder.embed(SENTENCES, model.poolers, model.template, model.sentence_rule)
+    expected = PromptEncoder.from_checkpoint(path).encode(SENTENCES, show_progress_bar=False)
+    np.testing.assert_allclose(embeddings[model.poolers[0].name], expected, rtol=1e-5, atol=1e-6)
 
 
 @needs_data
