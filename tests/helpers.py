@@ -200,3 +200,21 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, pattern: str, *left
 def error_starting(text: str) -> str:
     """The pattern of an error line that starts with `text` verbatim."""
     return "^error: " + re.escape(text)
+
+
+def tiny_mteb_sts_task():
+    """MTEB's in-package mock STS task with the pairs of STS_A + STS_B that have a score, and those rows."""
+    from mteb.mocks.mock_tasks.sts import MockSTSTask
+
+    rows = [row for row in STS_A + STS_B if row[2]]
+
+    class TinySTS(MockSTSTask):  # MTEB's in-package mock STS task, with more pairs than its two
+        def load_data(self, **kwargs):
+            from datasets import Dataset, DatasetDict
+
+            self.dataset = DatasetDict({"test": Dataset.from_dict({
+                "sentence1": [r[0] for r in rows], "sentence2": [r[1] for r in rows],
+                "score": [float(r[2]) / 5 for r in rows]})})
+            self.data_loaded = True
+
+    return TinySTS(), rows

@@ -339,23 +339,13 @@ def test_mteb_wrapper_on_mteb_mock_sts_task(tiny_bert):
 
     from promptemb.evaluation.sts import cosine_rows, spearman_x100
     from promptemb.inference.mteb_wrapper import MTEBEncoder
-    from tests.helpers import STS_A, STS_B
+    from tests.helpers import tiny_mteb_sts_task
 
-    rows = [row for row in STS_A + STS_B if row[2]]
-
-    class TinySTS(MockSTSTask):  # MTEB's in-package mock STS task, with more pairs than its two
-        def load_data(self, **kwargs):
-            from datasets import Dataset, DatasetDict
-
-            self.dataset = DatasetDict({"test": Dataset.from_dict({
-                "sentence1": [r[0] for r in rows], "sentence2": [r[1] for r in rows],
-                "score": [float(r[2]) / 5 for r in rows]})})
-            self.data_loaded = True
-
+    tiny_sts, rows = tiny_mteb_sts_task()
     module = PromptBERTSup(str(tiny_bert)).eval()
     encoder = PromptEncoder.from_module(module)
     wrapper = MTEBEncoder(encoder)
-    result = mteb.evaluate(wrapper, [MockSTSTask(), TinySTS()], cache=None, show_progress_bar=False)
+    result = mteb.evaluate(wrapper, [MockSTSTask(), tiny_sts], cache=None, show_progress_bar=False)
     scores = [r.scores["test"][0] for r in result.task_results]
     assert scores[0]["main_score"] == pytest.approx(1.0)  # the mock's own 2 pairs run through
     left, right = encoder.encode([r[0] for r in rows]), encoder.encode([r[1] for r in rows])

