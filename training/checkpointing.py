@@ -8,6 +8,9 @@
 * On SIGTERM (preemption) it saves `last.ckpt` at the next batch boundary and asks the trainer to stop there
   (Lightning then raises its SIGTERMException, which train.py turns into a one-line `PreemptedError` saying how to
   resume); with the datamodule's position and the RNG state in the checkpoint, the resumed run is exact.
+* Only `last.ckpt` keeps what resuming needs beyond the weights: the best checkpoints (what scoring and export read)
+  are written without the optimizer state, a third of the size with AdamW (bert-base: ~0.44 GB instead of ~1.3 GB);
+  resuming from one is refused in one line that names the run's `last.ckpt` (`check_resumable`).
 * Every checkpoint is written to a temporary file next to its target and renamed over it (`AtomicCheckpointIO`):
   Lightning's own writer stages the file in `$TMPDIR`, so with `$TMPDIR` on another filesystem its final move is a
   copy and a kill during it leaves a truncated `last.ckpt`. Temporary files of a process that died mid-write are
@@ -29,12 +32,14 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from promptemb.common.errors import DivergenceError, UserError
+from promptemb.common.errors import ConfigError, DivergenceError, UserError
 from promptemb.common.io import fsync_directory, umask_mode
 
 log = logging.getLogger(__name__)
 
 PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
+#: what only resuming reads: left out of the best checkpoints
+RESUME_ONLY_KEYS = ("optimizer_states",)
 
 
 def non_finite_parameter(module: torch.nn.Module) -> str | None:
@@ -60,9 +65,14 @@ def partial_prefix(target: Path) -> str:
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """torch.save into a temporary file in the target's folder, fsync, then `os.replace` onto the target: on any
-    filesystem layout a reader (or a resumed run) finds the previous complete file or the new complete file."""
+    filesystem layout a reader (or a resumed run) finds the previous complete file or the new complete file.
+    While `without_resume_state` is set (by `RunCheckpoint`, for a best checkpoint) the optimizer state is left out."""
+
+    without_resume_state = False
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if self.without_resume_state:
+            checkpoint = {key: value for key, value in checkpoint.items() if key not in RESUME_ONLY_KEYS}
         if "://" in str(path):  # remote storage: fsspec's transaction is its atomic write
             super().save_checkpoint(checkpoint, path, storage_options)
             return
@@ -158,7 +168,16 @@ class RunCheckpoint(ModelCheckpoint):
                 f"checkpoint is {last}; lower optimizer.lr or clip gradients (trainer.gradient_clip_val=1.0)")
         for logger in trainer.loggers:
             logger.save()
-        super()._save_checkpoint(trainer, filepath)
+        writer = trainer.strategy.checkpoint_io
+        best = isinstance(writer, AtomicCheckpointIO) and not Path(filepath).name.startswith(self.CHECKPOINT_NAME_LAST)
+        writer_state = getattr(writer, "without_resume_state", False)
+        if best:
+            writer.without_resume_state = True
+        try:
+            super()._save_checkpoint(trainer, filepath)
+        finally:
+            if best:
+                writer.without_resume_state = writer_state
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -166,3 +185,11 @@ class RunCheckpoint(ModelCheckpoint):
         if trainer.strategy.reduce_boolean_decision(bool(trainer.received_sigterm), all=False):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             trainer.should_stop = True  # the step's own logging still happens, then the loop ends
+
+
+def check_resumable(path: Path, checkpoint: dict) -> None:
+    """A checkpoint written without the optimizer state (a run's best checkpoint) cannot resume training exactly."""
+    if "optimizer_states" not in checkpoint:
+        raise ConfigError(f"cannot resume from {path}: it holds the weights without the optimizer state (a run's best "
+                          f"checkpoint keeps what scoring and export need); resume from "
+                          f"{path.parent / ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt (ckpt_path=last)")

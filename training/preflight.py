@@ -4,7 +4,7 @@ second run on a live folder would otherwise rewrite the other run's config), and
 sweeps and Optuna trials call directly; the folder may have changed meanwhile). The config check before them runs
 once per command: `train()` skips a config the command line has just checked.
 
-* `ckpt_path` names a readable train.py checkpoint (or `last` finds one);
+* `ckpt_path` names a readable train.py checkpoint that holds the optimizer state (or `last` finds one);
 * the checkpoint's lineage matches this config (`training/lineage.py`);
 * the folder is not held by a live run, and holds no other run unless this resumes it (`training/run_lock.py`).
 """
@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from promptemb.common.cli import compose_config
 from promptemb.lightning_modules.checkpoint import read_checkpoint
+from promptemb.training.checkpointing import check_resumable
 from promptemb.training.config_checks import check_train_config
 from promptemb.training.lineage import check_lineage, run_lineage
 from promptemb.training.run_dirs import resume_checkpoint
@@ -39,6 +40,7 @@ def preflight(cfg: DictConfig) -> Preflight:
     resumed = read_checkpoint(checkpoint, argument="ckpt_path") if checkpoint else None
     lineage = run_lineage(cfg) if checkpoint else None  # a fresh run computes it when training starts
     if checkpoint:
+        check_resumable(checkpoint, resumed)
         check_lineage(checkpoint, resumed, lineage)
     if first_process_of_job():  # the other ranks of a DDP job run in the folder their first process holds
         check_run_folder(cfg.output_dir, checkpoint, bool(cfg.get("overwrite", False)))

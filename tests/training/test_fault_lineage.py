@@ -32,6 +32,32 @@ def test_every_checkpoint_records_its_lineage(finished_run):
     assert lineage["tokenizer_sha256"] and len(lineage["model.templates"]) == 2
 
 
+def test_best_checkpoints_hold_what_scoring_needs_and_last_what_resuming_needs(finished_run):
+    """The best checkpoints leave out the optimizer state (AdamW: twice the weights) and keep everything scoring and
+    export read (weights, hyper-parameters, lineage, step); last.ckpt keeps the optimizer state too."""
+    folder = finished_run["out"] / "checkpoints"
+    last = torch.load(folder / "last.ckpt", weights_only=True)
+    best = [path for path in folder.glob("*.ckpt") if path.name != "last.ckpt"]
+    assert best and "optimizer_states" in last
+    for path in best:
+        saved = torch.load(path, weights_only=True)
+        assert "optimizer_states" not in saved
+        assert {"state_dict", "hyper_parameters", CHECKPOINT_KEY, "global_step", "callbacks"} <= set(saved)
+        assert saved[CHECKPOINT_KEY] == last[CHECKPOINT_KEY]
+        assert path.stat().st_size < (folder / "last.ckpt").stat().st_size
+
+
+def test_resuming_from_a_best_checkpoint_is_refused_and_changes_nothing(finished_run):
+    best = next(path for path in (finished_run["out"] / "checkpoints").glob("*.ckpt") if path.name != "last.ckpt")
+    before = snapshot(finished_run["out"])
+    args = [arg for arg in resume_args(finished_run) if not arg.startswith("ckpt_path=")]
+    proc = train_py(*args, f"ckpt_path={best}")
+    line = assert_one_line_error(proc, error_starting(f"cannot resume from {best}: it holds the weights without the "
+                                                      "optimizer state"))
+    assert line.endswith(f"resume from {best.parent / 'last.ckpt'} (ckpt_path=last)")
+    assert snapshot(finished_run["out"]) == before
+
+
 def test_shuffled_corpus_and_other_batch_size_are_refused_and_change_nothing(finished_run, tmp_path):
     """Same line count, other order: only a content fingerprint tells; the batch size moves the data position."""
     lines = finished_run["corpus"].read_text(encoding="utf-8").splitlines(keepends=True)
