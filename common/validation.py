@@ -63,6 +63,7 @@ RANGES: dict[str, Range] = {
     "max_sentence_tokens": AT_LEAST_ONE,
     "max_length": Range(ge=3),  # [CLS] + at least one token + [SEP]
     "num_workers": NON_NEGATIVE,
+    "parallel_batches": AT_LEAST_ONE,
     "max_examples": AT_LEAST_ONE,
     "every_n_steps": AT_LEAST_ONE,
     "eval_every_n_steps": AT_LEAST_ONE,

@@ -6,7 +6,8 @@ import contextlib
 import importlib
 import importlib.util
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -274,6 +275,7 @@ class Encoder:
         padding_side: str = "right",
         compile: bool = False,
         autocast: str = "none",
+        parallel_batches: int = 1,
     ):
         """`device_map` (e.g. "auto") and `quantization` ("4bit", CUDA only) are passed to `from_pretrained` for
         models too big for one device; `padding_side` applies to decoders (results do not depend on it).
@@ -281,7 +283,8 @@ class Encoder:
         graph, so only for inference): the first batches pay the compilation (minutes on a small CPU), later ones
         run faster (docs/benchmarks.md: worth it for large corpora); refused here when Inductor cannot run on
         this machine. `autocast`: the forwards under bf16 autocast (`bf16`, or `auto`: on CUDA only),
-        pooling and similarities in float32."""
+        pooling and similarities in float32. `parallel_batches`: on the CPU, encode that many batches at once
+        (threads sharing the torch threads; encoders only)."""
         path = resolve_model_path(name_or_path)
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
@@ -291,6 +294,9 @@ class Encoder:
         check_quantization(quantization)
         if compile:
             check_compile(path, revision, device)
+            if parallel_batches > 1:
+                raise ConfigError("backbone.compile=true runs batches one at a time (compilation is not thread-safe); "
+                                  "use backbone.parallel_batches=1 with it")
         placement = {} if device_map is None else {"device_map": device_map}
         tokenizer, model, loading = load_pretrained(
             name_or_path, mlm_head=mlm_head, revision=revision, dtype=DTYPES[dtype],
@@ -302,7 +308,7 @@ class Encoder:
         self._setup(model.base_model if mlm_head else model, tokenizer, name_or_path=name_or_path, path=path,
                     device=device, batch_size=batch_size, max_length=max_length, dtype=dtype,
                     attentions=attentions, mlm_head=head, progress=progress, padding_side=padding_side,
-                    autocast=autocast)
+                    autocast=autocast, parallel_batches=parallel_batches)
         self.model = (model if device_map is not None or quantization else model.to(self.device)).eval()
         if compile:  # in place: parameter names, hooks and `self.model`'s view of the weights stay as they are
             self.transformer.compile(dynamic=True, options={"freezing": True})
@@ -336,7 +342,7 @@ class Encoder:
 
     def _setup(self, transformer, tokenizer, *, name_or_path, path, device, batch_size, max_length, dtype,
                attentions, mlm_head, progress, input_embedder=None, padding_side="right",
-               autocast="none") -> None:
+               autocast="none", parallel_batches=1) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.name_or_path = name_or_path
@@ -362,6 +368,9 @@ class Encoder:
         self.is_decoder = is_causal_lm(transformer.config)
         self.padding_side = padding_side
         self.autocast = resolve_autocast(autocast, self.device, dtype)
+        if parallel_batches < 1:
+            raise ConfigError(f"parallel_batches must be >= 1, got {parallel_batches}")
+        self.parallel_batches = int(parallel_batches)
 
     def describe(self) -> dict:
         return {
@@ -496,7 +505,8 @@ class Encoder:
         starts = range(0, len(items), batch_size)
         mine = starts if self.shard is None else starts[self.shard.rank :: self.shard.world_size]
         parts: dict[int, dict[str, torch.Tensor]] = {}  # batch start -> pooler name -> [rows, D]
-        for start in tqdm(mine, desc=f"encode ({label})", unit="batch", disable=not progress, leave=False):
+
+        def encode_batch(start: int) -> tuple[int, dict[str, torch.Tensor]]:
             batch = builder.collate([items[i] for i in order[start : start + batch_size]])
             with torch.inference_mode():
                 region = (contextlib.nullcontext() if self.autocast is None
@@ -505,7 +515,13 @@ class Encoder:
                     out = self.forward(batch, needs, builder)
                 if self.autocast is not None:
                     out = out.in_float32()
-                parts[start] = {pooler.name: pooler(out).float().cpu() for pooler in poolers}
+                return start, {pooler.name: pooler(out).float().cpu() for pooler in poolers}
+
+        bar = tqdm(total=len(mine), desc=f"encode ({label})", unit="batch", disable=not progress, leave=False)
+        with bar, self.cpu_workers() as run:
+            for start, pooled in run(encode_batch, mine):
+                parts[start] = pooled
+                bar.update()
         if self.shard is not None:
             for other in self.shard.gather(parts):
                 parts.update(other)
@@ -516,6 +532,24 @@ class Encoder:
             unsorted[order] = stacked
             result[pooler.name] = unsorted
         return result
+
+    @contextlib.contextmanager
+    def cpu_workers(self) -> Iterator[Callable]:
+        """A `map` over batches: with `parallel_batches` > 1 on the CPU, that many threads each running whole
+        batches with threads/parallel_batches intra-op threads (small matmuls scale better across batches than
+        inside one, and no OpenMP thread spins waiting for a core another job holds); otherwise the plain sequential
+        map. Decoders stay sequential: their prompt methods register forward hooks per call on the shared model."""
+        if self.parallel_batches <= 1 or self.device.type != "cpu" or self.is_decoder:
+            yield map
+            return
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, threads // self.parallel_batches))
+        pool = ThreadPoolExecutor(self.parallel_batches, thread_name_prefix="encode")
+        try:
+            yield pool.map  # in order: a batch's result is taken as soon as it and those before it are done
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # a failed batch: the queued ones do not run
+            torch.set_num_threads(threads)
 
     def forward(self, batch: Batch, needs: Needs, builder: InputBuilder | None = None) -> EncoderOutput:
         """Run the transformer once (or not at all when only word embeddings are needed)."""

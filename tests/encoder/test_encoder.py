@@ -119,3 +119,42 @@ def test_empty_sentence_is_cls_sep_and_template(tiny_bert):
     torch.testing.assert_close(torch.from_numpy(got["mask"][0]), templated[mask_at], atol=1e-5, rtol=1e-5)
     assert all(np.isfinite(embeddings).all() for embeddings in got.values())
     np.testing.assert_array_equal(got["idf"][0], 0)  # no sentence token to weight
+
+
+def test_parallel_batches_on_the_cpu_embed_what_one_batch_at_a_time_embeds(tiny_bert, monkeypatch):
+    """`parallel_batches=3`: batches run in three threads (seen by thread name) with the torch threads split among
+    them and restored afterwards; every pooler's embeddings equal the sequential ones (to matmul round-off: one
+    intra-op thread sums in another order), in the input order."""
+    import threading
+
+    from promptemb.encoder.template import Template
+    from promptemb.poolers import build_poolers
+
+    sentences = [" ".join(["word"] * n) + f" {n}" for n in (5, 1, 3, 3, 9, 12, 2, 7, 30, 4)]
+    poolers = build_poolers(["mean", "cls", "mask", "first_last"])
+    template = Template('This sentence : "[X]" means [MASK] .')
+    sequential = Encoder(str(tiny_bert), device="cpu", batch_size=2, progress=False)
+    parallel = Encoder(str(tiny_bert), device="cpu", batch_size=2, progress=False, parallel_batches=3)
+    names = set()
+    original = Encoder.forward
+
+    def spy(self, *args, **kwargs):
+        names.add(threading.current_thread().name.split("_")[0])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "forward", spy)
+    threads = torch.get_num_threads()
+    got = parallel.embed(sentences, poolers, template)
+    assert names == {"encode"} and torch.get_num_threads() == threads
+    names.clear()
+    expected = sequential.embed(sentences, poolers, template)
+    assert names == {"MainThread"}
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_parallel_batches_out_of_range_or_with_compile_is_refused(tiny_bert):
+    with pytest.raises(ConfigError, match=r"^parallel_batches must be >= 1, got 0$"):
+        Encoder(str(tiny_bert), device="cpu", parallel_batches=0)
+    with pytest.raises(ConfigError, match=r"^backbone\.compile=true runs batches one at a time"):
+        Encoder(str(tiny_bert), device="cpu", parallel_batches=2, compile=True)
