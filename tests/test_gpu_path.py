@@ -448,3 +448,12 @@ def test_gpu_validation_knows_the_dense_bf16_peaks():
     assert gpu_validation.dense_bf16_peak("NVIDIA H100 PCIe") == 756.0
     assert gpu_validation.dense_bf16_peak("NVIDIA H200") == 989.0
     assert gpu_validation.dense_bf16_peak("Some GPU") is None
+
+
+def test_gpu_validation_exits_1_when_a_part_that_ran_failed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks: {
+        "command": "python evaluate.py ...", "exit_code": 2, "wall_s": 1.5, "tail": ["error: ..."]})
+    assert gpu_validation.main(["--parts", "suite", "--suite-tasks", "STSBenchmark", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: suite did not run to completion (exit codes in the report)")
+    assert json.loads((tmp_path / "gpu_validation.json").read_text())["parts"]["suite"]["exit_code"] == 2
