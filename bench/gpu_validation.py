@@ -14,7 +14,8 @@ Parts (each run as its own subprocess, so one failing part does not stop the oth
 * `suite`: the evaluation suite (7 STS + 9 transfer + 8 clustering by default; MiniLM, `mean`) wall time.
 
 `pytest`, `throughput` and `quickstart` need CUDA: on a machine without it they are refused in one line (and the
-command exits 2 when nothing else was asked for); `suite` runs anywhere.
+command exits 2 when nothing else was asked for); `suite` runs anywhere. The report is written whatever happens; the
+command exits 1 when a part that ran did not exit 0.
 """
 
 from __future__ import annotations
@@ -193,7 +194,21 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "gpu_validation.json").write_text(json.dumps(report, indent=1))
     (args.out / "gpu_validation.md").write_text(markdown(report))
     print(f"wrote {args.out / 'gpu_validation.json'} and {args.out / 'gpu_validation.md'}")
+    failed = failed_runs(report)
+    if failed:
+        print(f"error: {', '.join(failed)} did not run to completion (exit codes in the report)", file=sys.stderr)
+        return 1
     return 0
+
+
+def failed_runs(report: dict) -> list[str]:
+    """The parts (throughput: its runs) that ran and did not exit 0; a refused part is not one."""
+    failed = []
+    for part, result in report["parts"].items():
+        for name, record in result.get("runs", {part: result}).items():
+            if "refused" not in record and record.get("exit_code") != 0:
+                failed.append(name)
+    return failed
 
 
 if __name__ == "__main__":

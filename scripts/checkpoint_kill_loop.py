@@ -4,7 +4,8 @@ and the run that resumes afterwards must leave no partial file anywhere (run fol
 A tiny BERT trains with a checkpoint after every step; each round starts (or resumes) the run, waits until a write
 of last.ckpt is under way (its temporary file exists), sleeps a random 0-20 ms and SIGKILLs the process. After the
 last kill one more resume runs to completion. Prints a table and writes OUT/summary.json (read by
-scripts/fault_table.py).
+scripts/fault_table.py); OUT defaults to a new folder logs/checkpoint_kill_loop/<time>, and a non-empty OUT is
+refused (nothing is deleted).
 
     .venv/bin/python scripts/checkpoint_kill_loop.py [--kills 10] [--tmp-root /dev/shm] [--out DIR] [--seed 0]
 """
@@ -27,7 +28,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from promptemb.common.errors import ConfigError  # noqa: E402
 from promptemb.common.io import atomic_write_json  # noqa: E402
+from promptemb.common.output_dirs import fresh_output_dir  # noqa: E402
 from promptemb.training.checkpointing import PARTIAL_SUFFIX  # noqa: E402
 from tests.helpers import save_tiny_bert  # noqa: E402
 
@@ -75,16 +78,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--tmp-root", default="/dev/shm", help="where $TMPDIR is made (another filesystem)")
-    parser.add_argument("--out", default="logs/checkpoint-kill-loop")
+    parser.add_argument("--out", default=None, help="default: a new folder logs/checkpoint_kill_loop/<time>")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     data_root = os.environ.get("PROMPTEMB_DATA")
     if not data_root:
         print("error: set PROMPTEMB_DATA to the data root", file=sys.stderr)
         return 2
+    try:
+        out = fresh_output_dir(args.out, "checkpoint_kill_loop").resolve()
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     rng = random.Random(args.seed)
-    out = Path(args.out).resolve()
-    shutil.rmtree(out, ignore_errors=True)
     model = save_tiny_bert(out / "model", layers=2, hidden=128)
     run, checkpoints = out / "run", out / "run" / "checkpoints"
     tmpdir = Path(tempfile.mkdtemp(prefix="promptemb-kill-loop.", dir=args.tmp_root))

@@ -1,10 +1,12 @@
-"""Re-run the fault-injection test modules (tests/*/test_fault_*.py) and write docs/faults.md: per class of fault, how
-many faults were injected (test cases) and how many were survived (the test passed: the expected one-line error or
-recovery, nothing existing changed, nothing left behind), plus the kill -9 loop's result when it was run.
+"""Re-run the fault-injection test modules (tests/*/test_fault_*.py) and write the table of docs/faults.md: per class
+of fault, how many faults were injected (test cases) and how many were survived (the test passed: the expected
+one-line error or recovery, nothing existing changed, nothing left behind), plus the kill -9 loop's result when it
+was run. It is written to a new folder logs/fault_table/<time>/faults.md unless --out names the file (the committed
+docs/faults.md is replaced only when named).
 
     .venv/bin/python scripts/fault_table.py            # the default suite's fault tests (about a minute)
-    .venv/bin/python scripts/fault_table.py --slow     # also the slow ones (end-to-end runs, the kill -9 loop)
-    .venv/bin/python scripts/fault_table.py --kill-loop-summary logs/checkpoint-kill-loop/summary.json
+    .venv/bin/python scripts/fault_table.py --slow --out docs/faults.md   # also the slow ones; refresh the doc
+    .venv/bin/python scripts/fault_table.py --kill-loop-summary logs/checkpoint_kill_loop/TIME/summary.json
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from promptemb.common.io import atomic_write_text  # noqa: E402
+from promptemb.common.output_dirs import fresh_output_dir  # noqa: E402
 
 #: Test module -> the class of fault it injects.
 CLASSES = {
@@ -75,7 +78,8 @@ def kill_loop_row(summary_path: Path) -> tuple[str, Counter] | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slow", action="store_true", help="also run the slow tests and the kill -9 loop")
-    parser.add_argument("--out", default=str(REPO / "docs" / "faults.md"))
+    parser.add_argument("--out", default=None, help="default: a new file logs/fault_table/<time>/faults.md "
+                                                    "(docs/faults.md: refresh the committed table)")
     parser.add_argument("--kill-loop-summary", help="summary.json of an earlier scripts/checkpoint_kill_loop.py run "
                                                    "to put in the table (without --slow)")
     args = parser.parse_args()
@@ -103,8 +107,11 @@ def main() -> int:
         counts["kill_loop"] = loop[1]
     total = sum(c["injected"] for c in counts.values()), sum(c["survived"] for c in counts.values())
     lines += [f"| **all** | **{total[0]}** | **{total[1]}** |", ""]
-    atomic_write_text(args.out, "\n".join(lines))
+    out = Path(args.out) if args.out else fresh_output_dir(None, "fault_table") / "faults.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, "\n".join(lines))
     print("\n".join(lines))
+    print(f"wrote {out}")
     return 0 if total[0] == total[1] else 1
 
 

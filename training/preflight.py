@@ -21,7 +21,7 @@ from promptemb.lightning_modules.checkpoint import read_checkpoint
 from promptemb.training.checkpointing import check_resumable
 from promptemb.training.config_checks import check_train_config
 from promptemb.training.lineage import check_lineage, run_lineage
-from promptemb.training.run_dirs import resume_checkpoint
+from promptemb.training.run_dirs import in_multirun, resume_checkpoint
 from promptemb.training.run_lock import check_run_folder, first_process_of_job
 
 
@@ -34,8 +34,11 @@ class Preflight:
 
 def preflight(cfg: DictConfig) -> Preflight:
     """Every refusal of a checked config that must come before the run writes anything (one-line UserErrors)."""
+    # the run's own folder: `output_dir=DIR ckpt_path=last` resumes DIR's last.ckpt before Hydra starts too (a
+    # sweep's trials keep resolving `last` to the newest run of the task)
     checkpoint = resume_checkpoint(cfg.ckpt_path, bool(cfg.get("resume", False)),
-                                   Path(cfg.paths.log_dir) / cfg.task_name)
+                                   Path(cfg.paths.log_dir) / cfg.task_name,
+                                   run_folder=None if in_multirun() else cfg.output_dir)
     # a missing, damaged or foreign checkpoint: one line now, not a traceback from Lightning
     resumed = read_checkpoint(checkpoint, argument="ckpt_path") if checkpoint else None
     lineage = run_lineage(cfg) if checkpoint else None  # a fresh run computes it when training starts

@@ -57,17 +57,19 @@ def current_run_folder() -> Path | None:
         return None
 
 
-def resume_checkpoint(ckpt_path: str | None, resume: bool, task_dir: str | Path) -> Path | None:
+def resume_checkpoint(ckpt_path: str | None, resume: bool, task_dir: str | Path,
+                      run_folder: str | Path | None = None) -> Path | None:
     """The checkpoint a run resumes from: `ckpt_path` as given, or for `last` / `resume=true` the run folder's own
     `checkpoints/last.ckpt` when `output_dir=` names one, else the newest one of the task; None for a fresh run. A
     `last` with nothing to resume is an error, and so is a named run folder without a last.ckpt (never another run's
-    checkpoint resumed into it)."""
+    checkpoint resumed into it). `run_folder`: the run's composed `output_dir` where Hydra has not set its run folder
+    yet (train.py's checks before Hydra starts); default: Hydra's run folder."""
     if ckpt_path in (None, "", "null") and not resume:
         return None
     if ckpt_path not in (None, "", "null", LAST):
         return Path(str(ckpt_path))
     found = newest_last_checkpoint(Path(task_dir))
-    folder = current_run_folder()
+    folder = Path(run_folder) if run_folder is not None else current_run_folder()
     if folder is not None:
         own = folder / "checkpoints" / "last.ckpt"
         if own.is_file():

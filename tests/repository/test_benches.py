@@ -77,3 +77,25 @@ def test_transfer_clustering_suite(tiny6, real_data_root, tmp_path):
     assert "transfer: encode" in out and "clustering: encode" in out
     families = json.loads(report.read_text())["families"]
     assert set(families["transfer"]["scores"]) >= {"TREC"} and set(families["clustering"]["scores"]) >= {"tweet"}
+
+
+@pytest.mark.slow
+def test_decoder_method_cost(real_data_root, tmp_path):
+    from tests.decoder_helpers import save_tiny_decoder
+
+    model = save_tiny_decoder(tmp_path / "tiny-llama", "llama")
+    out = bench("decoder_method_cost.py", "--model", model, "--sentences", 16, "--batch-size", 8,
+                data_root=real_data_root)
+    rows = dict(re.findall(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \| [\d.]+x \| ([\d.]+)x \|$", out, re.M))
+    assert set(rows) == {"prompteol", "pcot", "ke", "metaeol", "echo", "token_prepending", "contrastive_prompting"}
+    assert rows["prompteol"] == "1.00"
+
+
+@pytest.mark.slow
+def test_gpu_validation_without_cuda_runs_the_suite(real_data_root, tmp_path):
+    """Without CUDA its GPU parts are refused in one line (tests/test_gpu_path.py); the suite part runs anywhere."""
+    out = bench("gpu_validation.py", "--parts", "suite", "--suite-tasks", "STSBenchmark", "--out", tmp_path,
+                data_root=real_data_root)
+    assert "wrote" in out
+    report = json.loads((tmp_path / "gpu_validation.json").read_text())
+    assert report["parts"]["suite"]["exit_code"] == 0

@@ -39,6 +39,7 @@ PLACEHOLDERS = [
     (r"logs/\.\.\./", "logs/quickstart/"),
     (r"--ckpt CKPT", "--ckpt logs/quickstart"),
     (r"/tmp/minilm-export", "exports/roundtrip"),
+    (r"backbone=decoder backbone\.name_or_path=DIR", "backbone=decoder backbone.name_or_path={tiny_decoder}"),
     (r"backbone\.name_or_path=DIR", "backbone.name_or_path={tiny}"),
     (r"input=FILE\.txt", "input=sentences.txt"),
     (r"output=FILE\.npy", "output=embeddings.npy"),
@@ -61,6 +62,8 @@ SYNOPSES = {
 #: train.py / train_throughput.py: what needs a GPU, bert-base, a download or W&B online -> composed only.
 COMPOSE_ONLY = re.compile(r"trainer=(gpu|ddp)\b|experiment=(promptbert_unsup|promptbert_sup|optiprompt)\b|"
                           r"backbone=(bert_base|roberta_base)\b|trainer\.precision=bf16")
+#: evaluate.py: what needs a GPU or a download (a 7B decoder, sharded over GPUs) -> composed only.
+COMPOSE_ONLY_EVAL = re.compile(r"name_or_path=meta-llama/|device_map=auto")
 #: A shortened CPU run of train.py: tiny model, 2 steps, dev scoring at 0 and 2, the final table on one task.
 TRAIN_SHORT = {"backbone.name_or_path": "{tiny}", "trainer.max_steps": "2", "eval_every_n_steps": "2",
                "data.batch_size": "4", "data.max_examples": "16",
@@ -166,8 +169,12 @@ def shortened(command: str) -> str:
         search = SEARCH_SHORT if "hparams_search=" in command else {}
         command = family_settings(command, "callbacks.sts_evaluation.")
         return with_defaults(command, {**TRAIN_SHORT, **search})
+    if command.startswith("python evaluate.py") and COMPOSE_ONLY_EVAL.search(command):
+        return command + " --cfg job"
     if command.startswith("python evaluate.py"):
         command = family_settings(shorten_tasks(command, "tasks"))
+        if "mode=encode" in command:                                 # encode mode refuses tasks= (scoring only)
+            return with_defaults(command, {k: v for k, v in EVAL_SHORT.items() if k != "tasks"})
         return with_defaults(command, EVAL_SHORT)
     if command.startswith("python export.py"):
         return command
@@ -194,6 +201,14 @@ def run_shell(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny6"), layers=6, heads=12, hidden=48)
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder(tmp_path_factory) -> Path:
+    """A random 16-block LLaMA: `prompteol@16` of the docs is one of its hidden states."""
+    from tests.decoder_helpers import save_tiny_decoder
+
+    return save_tiny_decoder(tmp_path_factory.mktemp("tiny_decoder"), "llama", layers=16)
 
 
 @pytest.fixture(scope="module")
@@ -243,10 +258,12 @@ def test_every_command_has_a_shortening_rule():
 
 
 @pytest.mark.parametrize(("block", "commands"), BLOCKS, ids=[block for block, _ in BLOCKS])
-def test_documented_commands_run(block, commands, tiny, environment, quickstart_run, tmp_path):
+def test_documented_commands_run(block, commands, tiny, environment, quickstart_run, tmp_path, request):
     work = scratch_folder(tmp_path)
     for command in commands:
-        short = shortened(command).format(tiny=tiny)
+        short = shortened(command)
+        decoder = request.getfixturevalue("tiny_decoder") if "{tiny_decoder}" in short else None
+        short = short.format(tiny=tiny, tiny_decoder=decoder)
         prepare(short, work, quickstart_run, environment)
         proc = run_shell(short, work, environment)
         expected = next((line for key, line in EXPECTED_ERRORS.items() if key in command), None)

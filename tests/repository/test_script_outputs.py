@@ -1,5 +1,6 @@
 """Scripts write into a fresh folder by default and refuse a non-empty one: committed results are never replaced."""
 
+import os
 import subprocess
 import sys
 
@@ -66,3 +67,12 @@ def test_research_driver_default_output_is_a_new_folder_under_logs(tiny_bert, re
     assert proc.returncode == 0, proc.stderr[-2000:]
     (folder,) = (tmp_path / "logs" / "token_bias").iterdir()
     assert (folder / "token_bias.json").is_file()
+
+
+def test_checkpoint_kill_loop_refuses_a_non_empty_folder(tmp_path):
+    (tmp_path / "keep.txt").write_text("results")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts/checkpoint_kill_loop.py"), "--out", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PROMPTEMB_DATA": str(tmp_path)})
+    assert proc.returncode == 2 and proc.stderr.startswith("error: output folder"), proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]

@@ -548,3 +548,12 @@ def test_evaluation_under_bf16_autocast_pools_in_float32(tiny_bert):
             np.linalg.norm(got[name], axis=1) * np.linalg.norm(expected[name], axis=1))
         assert cosines.min() > 0.99, (name, cosines)
         assert not np.array_equal(got[name], expected[name])  # bf16 matmuls really ran
+
+
+def test_gpu_validation_exits_1_when_a_part_that_ran_failed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks: {
+        "command": "python evaluate.py ...", "exit_code": 2, "wall_s": 1.5, "tail": ["error: ..."]})
+    assert gpu_validation.main(["--parts", "suite", "--suite-tasks", "STSBenchmark", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: suite did not run to completion (exit codes in the report)")
+    assert json.loads((tmp_path / "gpu_validation.json").read_text())["parts"]["suite"]["exit_code"] == 2

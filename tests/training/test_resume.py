@@ -199,6 +199,7 @@ def test_ckpt_path_last_with_output_dir_resumes_that_folder_never_another_run(ti
     before = (run / "curve.json").read_text()
     named = tmp_path / "named"
     assert train_py(*base, f"output_dir={named}", cwd=tmp_path).returncode == 0
+    os.utime(run / "checkpoints" / "last.ckpt")  # the other run's last.ckpt is the task's newest again
     proc = train_py(*base, f"output_dir={named}", "trainer.max_steps=4", "ckpt_path=last", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [p["step"] for p in json.loads((named / "curve.json").read_text())["points"]] == [0, 2, 4]
