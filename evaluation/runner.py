@@ -62,6 +62,7 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
         padding_side=model.get("padding_side", "right"),
         compile=bool(model.get("compile", False)),
         autocast=str(model.get("autocast", "auto")),
+        parallel_batches=int(model.get("parallel_batches", 1)),
     )
 
 

@@ -65,7 +65,8 @@ def test_encode_throughput(tiny6, real_data_root):
     out = bench("encode_throughput.py", "--model", tiny6, "--sentences", 40, "--repeats", 1,
                 data_root=real_data_root)
     assert re.search(r"project  Encoder\.embed\(mean\) +[\d.]+ sentences/s", out)
-    assert re.search(r"speed-up eager [\d.]+x", out) and re.search(r"speed-up compiled [\d.]+x \(goal", out)
+    assert re.search(r"speed-up eager [\d.]+x", out) and re.search(r"speed-up compiled [\d.]+x", out)
+    assert re.search(r"speed-up parallel_batches=2 [\d.]+x \(goal", out)
     assert re.search(r"compiled +[\d.]+ sentences/s .*first call", out)
 
 
@@ -93,7 +94,8 @@ def test_decoder_method_cost(real_data_root, tmp_path):
 
 @pytest.mark.slow
 def test_gpu_validation_without_cuda_runs_the_suite(real_data_root, tmp_path):
-    """Without CUDA its GPU parts are refused in one line (tests/test_gpu_path.py); the suite part runs anywhere."""
+    """Without CUDA its GPU parts are refused in one line (tests/training/test_gpu_path.py); the suite part runs
+    anywhere."""
     out = bench("gpu_validation.py", "--parts", "suite", "--suite-tasks", "STSBenchmark", "--out", tmp_path,
                 data_root=real_data_root)
     assert "wrote" in out

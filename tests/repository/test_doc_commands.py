@@ -48,8 +48,9 @@ PLACEHOLDERS = [
 ]
 #: Doc lines that are a synopsis rather than a command -> the concrete command run for them.
 SYNOPSES = {
-    "python bench/encode_throughput.py [--sentences 8000] [--batch-size 64] [--repeats 2]":
-        "python bench/encode_throughput.py --sentences 64 --batch-size 16 --repeats 1",
+    "python bench/encode_throughput.py [--sentences 8000] [--batch-size 64] [--repeats 2] [--parallel-batches 2] "
+    "[--no-compile]":
+        "python bench/encode_throughput.py --sentences 64 --batch-size 16 --repeats 1 --no-compile",
     "python bench/train_throughput.py experiment=<recipe> data.batch_size=<B> [any train.py override ...] "
     "[--steps 10] [--warmup 2] [--device auto|cpu|cuda] [--threads N] [--peak-tflops T] [--out result.json]":
         "python bench/train_throughput.py experiment=quickstart_unsup data.batch_size=4 --steps 1 --warmup 1 "
