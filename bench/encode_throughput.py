@@ -1,6 +1,7 @@
 """Encode throughput: this project's `Encoder.embed` (mean pooling) vs `SentenceTransformer.encode` on MiniLM.
 
-    python bench/encode_throughput.py [--sentences 8000] [--batch-size 64] [--repeats 2] [--parallel-batches 2] [--no-compile]
+    python bench/encode_throughput.py [--sentences 8000] [--batch-size 64] [--repeats 2] [--parallel-batches 2] \
+        [--no-compile]
 
 Same sentences (unique STS-B + SICK sentences, shuffled with a fixed seed), same batch size, same device, same
 threads; after a warm-up, `--repeats` rounds time each side once in turn (load drifts on a shared machine hit
@@ -27,7 +28,8 @@ from sentence_transformers import SentenceTransformer
 from bench.timing import best_time
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
-from promptemb.encoder.model import Encoder, resolve_model_path
+from promptemb.encoder.loading import resolve_model_path
+from promptemb.encoder.model import Encoder
 from promptemb.poolers import build_poolers
 
 

@@ -67,7 +67,7 @@ def save_random_bert_base(directory: Path) -> Path:
     vocabulary: what the published recipes train, without downloading it."""
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-    from promptemb.encoder.model import resolve_model_path
+    from promptemb.encoder.loading import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MINILM))
     torch.manual_seed(0)

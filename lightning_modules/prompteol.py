@@ -28,7 +28,8 @@ from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.optional import require
 from promptemb.encoder.decoder import DecoderInputBuilder, check_last_token_template, is_causal_lm, run_decoder
 from promptemb.encoder.inputs import InputForm
-from promptemb.encoder.model import DTYPES, Encoder, check_quantization, load_pretrained, quantization_kwargs
+from promptemb.encoder.loading import DTYPES, check_quantization, load_pretrained, quantization_kwargs
+from promptemb.encoder.model import Encoder
 from promptemb.encoder.pooling import Needs
 from promptemb.encoder.template import Template
 from promptemb.lightning_modules.base import DEFAULT_OPTIMIZER, DEFAULT_SCHEDULER, PromptContrastiveModule

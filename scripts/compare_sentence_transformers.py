@@ -18,7 +18,8 @@ from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimil
 
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import STS_SUITE, get_tasks
-from promptemb.encoder.model import Encoder, resolve_model_path
+from promptemb.encoder.loading import resolve_model_path
+from promptemb.encoder.model import Encoder
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_poolers
 

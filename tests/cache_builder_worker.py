@@ -7,7 +7,7 @@ from pathlib import Path
 
 from promptemb.data.pretokenized import SentenceTokenization, pretokenized_corpus
 from promptemb.encoder.inputs import InputBuilder, InputForm
-from promptemb.encoder.model import load_pretrained
+from promptemb.encoder.loading import load_pretrained
 from promptemb.encoder.template import Template
 
 SENTENCES = [f"sentence number {i} says {'something ' * (i % 7)}about item {i * 31 % 97} ." for i in range(3000)]

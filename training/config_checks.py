@@ -24,7 +24,7 @@ from promptemb.common.validation import (
 )
 from promptemb.data.root import resolve_data_root
 from promptemb.data.training_corpora import check_nli_header
-from promptemb.encoder.model import check_model_source
+from promptemb.encoder.loading import check_model_source
 from promptemb.encoder.settings import check_backbone
 from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
 from promptemb.training.trainer import check_compile

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from promptemb.common.errors import ConfigError, UserError
 from promptemb.common.instantiate import build
 from promptemb.data.checksums import sha256_file
-from promptemb.encoder.model import resolve_model_path
+from promptemb.encoder.loading import resolve_model_path
 from promptemb.lightning_modules.checkpoint import module_class_path
 
 CHECKPOINT_KEY = "promptemb_lineage"

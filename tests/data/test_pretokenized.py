@@ -42,7 +42,7 @@ def assert_same_batch(got, want) -> None:
 def test_wrapped_ids_equal_the_on_the_fly_inputs(model, template, rule, request):
     """Stored ids (cut to max+1), padded by the loader's collate and wrapped on the device, equal
     collate(build(sentences)) token for token, truncation included."""
-    from promptemb.encoder.model import load_pretrained
+    from promptemb.encoder.loading import load_pretrained
 
     tokenizer = load_pretrained(str(request.getfixturevalue(model)))[0]
     for max_tokens in (None, 4):
@@ -112,7 +112,7 @@ def test_triplets_pretokenized_give_the_same_views(tiny_bert, tmp_path):
 
 
 def test_cache_is_reused_and_keyed_by_what_the_ids_depend_on(tiny_bert, tmp_path):
-    from promptemb.encoder.model import load_pretrained
+    from promptemb.encoder.loading import load_pretrained
 
     tokenizer = load_pretrained(str(tiny_bert))[0]
     form = InputForm(Template(TEMPLATES[0]), "none", 8)

@@ -7,7 +7,8 @@ from transformers import AutoModel, BertForMaskedLM
 
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.inputs import InputForm
-from promptemb.encoder.model import Encoder, resolve_model_path
+from promptemb.encoder.loading import resolve_model_path
+from promptemb.encoder.model import Encoder
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler
 from tests.helpers import MINILM

@@ -5,7 +5,7 @@ from transformers import AutoTokenizer
 
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.inputs import PAD, SENTENCE, SPECIAL, TEMPLATE, InputBuilder, InputForm, collate
-from promptemb.encoder.model import resolve_model_path
+from promptemb.encoder.loading import resolve_model_path
 from promptemb.encoder.template import Template, apply_sentence_rule
 from tests.helpers import MINILM
 

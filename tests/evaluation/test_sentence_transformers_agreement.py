@@ -8,7 +8,8 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
 from promptemb.data.tasks import get_tasks
-from promptemb.encoder.model import Encoder, resolve_model_path
+from promptemb.encoder.loading import resolve_model_path
+from promptemb.encoder.model import Encoder
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_poolers
 from tests.conftest import REPO

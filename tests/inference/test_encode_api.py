@@ -71,7 +71,7 @@ def test_per_call_arguments_leave_the_encoder_as_it_was(exported):
 
 def test_device_defaults_to_cuda_when_present(exported, monkeypatch):
     """`device=None` means CUDA where it exists (checked without a GPU: only the choice is tested)."""
-    from promptemb.encoder.model import resolve_device
+    from promptemb.encoder.loading import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device(None) == torch.device("cuda") == resolve_device("auto")

@@ -495,7 +495,7 @@ def test_gpu_validation_knows_the_dense_bf16_peaks():
 def test_evaluation_autocast_is_bf16_on_cuda_only_when_auto(monkeypatch):
     """`autocast=auto` (the backbone config's and the training evaluation's default): bf16 on a CUDA device with
     bf16 (emulated: torch.cuda.is_bf16_supported patched), none on the CPU or for bf16 weights; `bf16` forces it."""
-    from promptemb.encoder.model import resolve_autocast
+    from promptemb.encoder.loading import resolve_autocast
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     assert resolve_autocast("auto", torch.device("cuda", 0), "float32") is torch.bfloat16
