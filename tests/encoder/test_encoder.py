@@ -159,3 +159,17 @@ def test_parallel_batches_out_of_range_or_with_compile_is_refused(tiny_bert):
         Encoder(str(tiny_bert), device="cpu", parallel_batches=0)
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true runs batches one at a time"):
         Encoder(str(tiny_bert), device="cpu", parallel_batches=2, compile=True)
+
+
+def test_autocast_and_parallel_batches_keys_are_checked_like_every_key():
+    """evaluate.py's config check (the generic checker) knows the registered choices and the range."""
+    from promptemb.common.validation import check_value
+
+    with pytest.raises(ConfigError, match=r"^backbone\.autocast='fp8' is not valid: autocast must be one of auto, "
+                                          r"bf16, none$"):
+        check_value("backbone.autocast", "fp8", str)
+    with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches=0 is out of range: parallel_batches must be "
+                                          r"an integer >= 1$"):
+        check_value("backbone.parallel_batches", 0, int)
+    check_value("backbone.autocast", "bf16", str)
+    check_value("backbone.parallel_batches", 2, int)
