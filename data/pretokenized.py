@@ -165,6 +165,13 @@ def check_files(folder: Path, key: dict, full: bool) -> tuple[dict | None, str |
     if not isinstance(record, dict) or {k: record.get(k) for k in key} != key or not isinstance(
             record.get("files"), dict) or not isinstance(record.get("rows"), int):
         return None, f"{RECORD_FILE} does not describe this corpus"
+    try:
+        return check_recorded_files(folder, record, full)
+    except OSError as err:  # a file vanished mid-check: another process moved the damaged cache aside meanwhile
+        return None, f"its files changed while being checked ({err.strerror or err})"
+
+
+def check_recorded_files(folder: Path, record: dict, full: bool) -> tuple[dict | None, str | None]:
     files = record["files"]
     for name, expected in files.items():
         path = folder / name

@@ -112,6 +112,25 @@ def test_concurrent_threads_over_a_damaged_cache_agree(tokenization, tmp_path, c
     assert len(list((tmp_path / "pretokenized").iterdir())) == 1  # one cache, no staging or damaged folder left
 
 
+def test_a_cache_file_vanishing_mid_check_is_a_rebuild_not_a_traceback(tokenization, tmp_path, caplog, monkeypatch):
+    """The race the threads above can hit: another builder moves the damaged cache aside between the record read and
+    a file's stat (emulated: the first edge hash finds its file gone)."""
+    expected = rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path))
+    original, calls = pretokenized.edges_sha256, []
+
+    def vanishing(path):
+        calls.append(path)
+        if len(calls) == 1:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return original(path)
+
+    monkeypatch.setattr(pretokenized, "edges_sha256", vanishing)
+    with caplog.at_level(logging.WARNING, logger=pretokenized.__name__):
+        assert rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path)) == expected
+    assert [w for w in damage_warnings(caplog) if "its files changed while being checked (No such file" in w]
+    assert len(list((tmp_path / "pretokenized").iterdir())) == 1
+
+
 @pytest.mark.slow
 def test_concurrent_builders_over_a_damaged_cache_agree(tiny_bert, tokenization, tmp_path):
     expected = rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path))
