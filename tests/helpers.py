@@ -218,3 +218,15 @@ def tiny_mteb_sts_task():
             self.data_loaded = True
 
     return TinySTS(), rows
+
+
+def module_checkpoint(model: str | Path, path: Path) -> Path:
+    """A train.py-style checkpoint of a fresh PromptBERTUnsup on `model` (weights, hyper-parameters, the module's
+    own records), written without training: what export and load_module_checkpoint read."""
+    from promptemb.lightning_modules.promptbert import PromptBERTUnsup
+
+    module = PromptBERTUnsup(str(model))
+    checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams), "global_step": 0}
+    module.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+    return path

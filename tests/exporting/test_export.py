@@ -33,6 +33,7 @@ from promptemb.lightning_modules.optiprompt import OptiPrompt
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from promptemb.training.runner import train
 from tests.conftest import REPO
+from tests.helpers import MINILM, module_checkpoint
 
 TOL = 1e-5
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
@@ -357,18 +358,15 @@ def test_mteb_wrapper_on_mteb_mock_sts_task(tiny_bert):
 
 # -- the real model (slow) ------------------------------------------------------------------------------------------
 
-REAL_CKPT = Path(os.environ.get("PROMPTEMB_EXPORT_CKPT", "/work/artifacts/quickstart_unsup_step25.ckpt"))
-
-
 @pytest.mark.slow
 def test_minilm_export_round_trip(tmp_path, real_data_root):
-    if not REAL_CKPT.is_file():
-        pytest.skip(f"no quickstart_unsup checkpoint at {REAL_CKPT} (set PROMPTEMB_EXPORT_CKPT)")
-    module = load_module_checkpoint(REAL_CKPT).module
+    """The real all-MiniLM-L6-v2 weights in a recipe checkpoint, exported and reloaded by sentence-transformers."""
+    checkpoint = module_checkpoint(MINILM, tmp_path / "minilm.ckpt")
+    module = load_module_checkpoint(checkpoint).module
     sentences = [line.split("\t")[5] for line in (real_data_root / "downstream/STS/STSBenchmark/sts-test.csv")
                  .read_text(encoding="utf-8").splitlines()[:200]]
     reference = framework_embeddings(module, sentences)
-    out = export_checkpoint(REAL_CKPT, tmp_path / "minilm")
+    out = export_checkpoint(checkpoint, tmp_path / "minilm")
     assert np.abs(sentence_transformer(out).encode(sentences, convert_to_numpy=True) - reference).max() <= TOL
     assert np.abs(load_encoder(out).encode(sentences) - reference).max() <= TOL
     assert Template(json.loads((out / "config.json").read_text())["promptemb"]["template"]).num_masks == 1

@@ -28,12 +28,11 @@ from promptemb.encoder.template import Template
 from promptemb.exporting.runner import export_checkpoint, export_model
 from promptemb.inference import PromptEncoder, load_encoder
 from promptemb.inference.mteb_wrapper import MTEBEncoder
-from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 from promptemb.lightning_modules.prompteol import PromptEOLSup
 from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
 from tests.conftest import REPO
 from tests.decoder_helpers import SENTENCES, save_tiny_decoder
-from tests.helpers import assert_one_line_error, tiny_mteb_sts_task
+from tests.helpers import assert_one_line_error, module_checkpoint, tiny_mteb_sts_task
 
 TOL = 1e-5
 MAX_LENGTH = 80  # the 1,000-token sentence is cut; everything else fits
@@ -195,17 +194,9 @@ def test_kept_adapter_refuses_another_base(lora, decoders, tmp_path):
     assert np.abs(model.encode(CASES[:3]) - load_encoder(kept, device="cpu").encode(CASES[:3])).max() <= TOL
 
 
-def encoder_checkpoint(tiny_bert: Path, path: Path) -> Path:
-    module = PromptBERTUnsup(str(tiny_bert))
-    checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams), "global_step": 0}
-    module.on_save_checkpoint(checkpoint)
-    torch.save(checkpoint, path)
-    return path
-
-
 def test_adapter_option_errors_are_one_line_before_any_work(lora, tiny_bert, tmp_path):
     _, ckpt = lora
-    plain = encoder_checkpoint(tiny_bert, tmp_path / "encoder.ckpt")
+    plain = module_checkpoint(tiny_bert, tmp_path / "encoder.ckpt")
     for path, kwargs, message in [
         (plain, {"adapter": "merge"}, "applies to checkpoints of the LoRA recipe"),
         (plain, {"adapter": "keep"}, "PromptBERTUnsup checkpoint with full weights: drop adapter="),
@@ -220,7 +211,7 @@ def test_adapter_option_errors_are_one_line_before_any_work(lora, tiny_bert, tmp
 
 
 def test_export_cli_refuses_bad_combinations_in_one_line(tiny_bert, decoders, tmp_path):
-    plain = encoder_checkpoint(tiny_bert, tmp_path / "encoder.ckpt")
+    plain = module_checkpoint(tiny_bert, tmp_path / "encoder.ckpt")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     for overrides, message in [
         ([f"ckpt={plain}", "adapter=keep"], "applies to checkpoints of the LoRA recipe"),
