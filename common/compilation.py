@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shutil
 
+from promptemb.common.errors import ConfigError
+
 
 def compile_problem(accelerator: str | None) -> str | None:
     """Why torch.compile cannot run here for this accelerator (None when it can): TorchDynamo unsupported on this
@@ -24,3 +26,9 @@ def compile_problem(accelerator: str | None) -> str | None:
     if not any(name and shutil.which(name) for name in compilers):
         return f"no C++ compiler for Inductor's CPU kernels (looked for {', '.join(map(str, filter(None, compilers)))})"
     return None
+
+
+def check_compile_works(key: str, accelerator: str | None) -> None:
+    """`key=true` (trainer.compile, backbone.compile) refused in one line where torch.compile cannot run."""
+    if problem := compile_problem(accelerator):
+        raise ConfigError(f"{key}=true cannot work on this machine: {problem}; use {key}=false")

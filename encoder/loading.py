@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
-from promptemb.common.compilation import compile_problem
+from promptemb.common.compilation import check_compile_works
 from promptemb.common.errors import ConfigError
 from promptemb.common.validation import register_choices
 from promptemb.encoder.decoder import is_causal_lm
@@ -83,11 +83,10 @@ def check_model_source(name_or_path: str) -> str:
     return path
 
 
-def check_compile(path: str, revision: str | None, device: str) -> None:
+def check_backbone_compile(path: str, revision: str | None, device: str) -> None:
     """`compile=true` only where Inductor runs and only for encoders: the decoder methods' forward hooks (Token
     Prepending, Contrastive Prompting) are registered per call, which a compiled graph would not see."""
-    if problem := compile_problem(resolve_device(device).type):
-        raise ConfigError(f"backbone.compile=true cannot work on this machine: {problem}; use backbone.compile=false")
+    check_compile_works("backbone.compile", resolve_device(device).type)
     if is_causal_lm(AutoConfig.from_pretrained(path, revision=revision)):
         raise ConfigError("backbone.compile=true is for encoder models; decoders run uncompiled: use "
                           "backbone.compile=false")

@@ -24,7 +24,7 @@ from promptemb.encoder.forward import InputEmbedder, max_input_length, run_trans
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm
 from promptemb.encoder.loading import (
     DTYPES,
-    check_compile,
+    check_backbone_compile,
     check_quantization,
     find_mlm_head,
     load_pretrained,
@@ -158,7 +158,7 @@ class Encoder:
         resolve_autocast(autocast, torch.device("cpu"), dtype)  # the value only: the device is known after loading
         check_quantization(quantization)
         if compile:
-            check_compile(path, revision, device)
+            check_backbone_compile(path, revision, device)
             if parallel_batches > 1:
                 raise ConfigError("backbone.compile=true runs batches one at a time (compilation is not thread-safe); "
                                   "use backbone.parallel_batches=1 with it")

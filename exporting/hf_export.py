@@ -10,7 +10,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from promptemb.inference.prompt_encoder import ADAPTER_DIR, PromptEncoder, weights_sha256
+from promptemb.inference.prompt_encoder import ADAPTER_DIR, PromptEncoder, weight_files_sha256
 
 
 def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:
@@ -30,7 +30,7 @@ def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:
     if record["soft_template"] is not None:
         save_file({"vectors": encoder.soft_template.vectors.detach().cpu().contiguous()},
                   directory / record["soft_template"]["file"])
-    record["weights_sha256"] = weights_sha256(directory)
+    record["weights_sha256"] = weight_files_sha256(directory)
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["promptemb"] = record

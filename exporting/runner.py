@@ -22,8 +22,8 @@ from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
 from promptemb.inference.model_sources import best_checkpoint, source_kind
-from promptemb.inference.prompt_encoder import ADAPTER_MODES, PromptEncoder, check_adapter_option, export_block
-from promptemb.lightning_modules.checkpoint import module_class_path, read_checkpoint
+from promptemb.inference.prompt_encoder import PromptEncoder, export_block
+from promptemb.lightning_modules.checkpoint import ADAPTER_CLASSES, module_class_path, read_checkpoint
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -93,14 +93,11 @@ def export_checkpoint(
         raise ConfigError("export needs ckpt=PATH (a train.py checkpoint or run folder) and out=DIR (the export "
                           "directory)")
     ckpt, out = Path(ckpt), Path(out)
-    if adapter is not None and adapter not in ADAPTER_MODES:
-        raise ConfigError(f"unknown adapter={adapter}; valid: {', '.join(ADAPTER_MODES)}")
     if source_kind(str(ckpt)) == "run":  # a train.py run folder: its best checkpoint
         ckpt = best_checkpoint(ckpt)
     check_out(out, overwrite)
-    class_path = module_class_path(read_checkpoint(ckpt))  # the header only: refuse a wrong adapter= before work
-    check_adapter_option(ckpt, class_path, adapter)
-    if class_path.endswith(".PromptEOLSup") and adapter is None:
+    class_path = module_class_path(read_checkpoint(ckpt))  # the header only (memory-mapped)
+    if class_path in ADAPTER_CLASSES and adapter is None:  # export's default: full weights any tool loads
         adapter = "merge"
     encoder = PromptEncoder.from_checkpoint(ckpt, base_model=base_model, pooler=pooler, denoise=denoise,
                                             adapter=adapter)

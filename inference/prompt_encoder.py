@@ -25,6 +25,7 @@ from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
 from promptemb.lightning_modules.checkpoint import (
     ADAPTER_CLASSES,
+    LINEAGE_KEY,
     load_module_checkpoint,
     module_class_path,
     read_checkpoint,
@@ -44,8 +45,6 @@ DECODER_POOLER = "last_token"
 ADAPTER_MODES = ("merge", "keep")
 #: where a kept adapter's peft files go inside an export
 ADAPTER_DIR = "adapter"
-#: the checkpoint record of the training run's lineage (training/lineage.py): the corpus it was trained on
-LINEAGE_KEY = "promptemb_lineage"
 #: plain models: the template exported when none is given
 DEFAULT_TEMPLATES = {True: (PROMPTEOL, "prompteol"), False: ('This sentence : "[X]" means [MASK] .', "none")}
 HEAD_FILE = "promptemb_head.safetensors"
@@ -61,14 +60,14 @@ def weight_files(directory: Path) -> list[Path]:
                   and not path.name.startswith("."))
 
 
-def weights_sha256(directory: Path) -> dict[str, str]:
+def weight_files_sha256(directory: Path) -> dict[str, str]:
     """sha256 of every weight file of an export directory, by path relative to it."""
     return {path.relative_to(directory).as_posix(): sha256_file(path, cached=False) for path in weight_files(directory)}
 
 
 def weight_mismatches(directory: Path, recorded: dict[str, str]) -> list[str]:
     """How the weight files of `directory` differ from the sha256 recorded at export, one phrase per file."""
-    actual = weights_sha256(directory)
+    actual = weight_files_sha256(directory)
     problems = []
     for name, expected in sorted(recorded.items()):
         if name not in actual:
@@ -319,24 +318,18 @@ class PromptEncoder:
         checkpoint = read_checkpoint(path)
         class_path = module_class_path(checkpoint)
         check_adapter_option(path, class_path, adapter)
-        lineage = training_data(checkpoint)
-        if class_path in ADAPTER_CLASSES:
-            from promptemb.lightning_modules.prompteol import load_adapter_checkpoint
-
-            if kwargs.pop("pooler", None) not in (None, DECODER_POOLER):
-                raise ConfigError(f"{path} is a decoder checkpoint: it exports pooler={DECODER_POOLER} (the "
-                                  "template's last token); drop pooler=")
-            if kwargs.pop("denoise", None) is not None:
-                raise ConfigError(f"{path} is a decoder checkpoint: template denoising is defined for [MASK] "
-                                  "templates only; drop denoise=")
-            module = load_adapter_checkpoint(path, base_model)
-            source = {"checkpoint": str(Path(path).resolve()),
-                      "checkpoint_sha256": sha256_file(Path(path), cached=False),
-                      "global_step": checkpoint.get("global_step"), **lineage}
-            return cls.from_adapter_module(module, adapter=adapter, source=source, **kwargs)
+        adapter_only = class_path in ADAPTER_CLASSES
+        if adapter_only and kwargs.pop("pooler", None) not in (None, DECODER_POOLER):
+            raise ConfigError(f"{path} is a decoder checkpoint: it exports pooler={DECODER_POOLER} (the template's "
+                              "last token); drop pooler=")
+        if adapter_only and kwargs.pop("denoise", None) is not None:
+            raise ConfigError(f"{path} is a decoder checkpoint: template denoising is defined for [MASK] templates "
+                              "only; drop denoise=")
         loaded = load_module_checkpoint(path, base_model)
         source = {"checkpoint": str(Path(path).resolve()), "checkpoint_sha256": loaded.sha256,
-                  "global_step": loaded.global_step, **lineage}
+                  "global_step": loaded.global_step, **training_data(checkpoint)}
+        if adapter_only:
+            return cls.from_adapter_module(loaded.module, adapter=adapter, source=source, **kwargs)
         return cls.from_module(loaded.module, source=source, **kwargs)
 
     @classmethod
@@ -391,7 +384,7 @@ class PromptEncoder:
         export first (`verify_weights=False`: loaded anyway, recorded as unverified in `source`). An export that
         kept a LoRA adapter loads its recorded base model (or `base_model`), checked against the recorded sha256."""
         from safetensors.torch import load_file
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
 
         directory = Path(directory)
         device = resolve_device(device)
@@ -399,11 +392,7 @@ class PromptEncoder:
         verification = verify_export_weights(directory, record, verify_weights)
         if record.get("decoder"):
             return cls._from_decoder_export(directory, record, verification, device, batch_size, base_model)
-        try:
-            transformer = AutoModel.from_pretrained(directory).to(device).eval()
-        except Exception as err:  # unverified weights (or none recorded) that do not even load: safetensors/torch
-            raise DataError(f"{directory}: the model weights do not load ({type(err).__name__}: "
-                            f"{(str(err).splitlines() or [''])[0]}); re-export the checkpoint") from None
+        transformer = load_exported_transformer(directory).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(directory)
         spec = record["pooler"]
         head, head_after_denoise = None, False
@@ -436,17 +425,13 @@ class PromptEncoder:
     @classmethod
     def _from_decoder_export(cls, directory: Path, record: dict, verification: dict, device: torch.device,
                              batch_size: int, base_model: str | None) -> PromptEncoder:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(directory)
         if record.get("adapter"):
             transformer = load_kept_adapter(directory, record["adapter"], base_model)
         else:
-            try:
-                transformer = AutoModel.from_pretrained(directory)
-            except Exception as err:
-                raise DataError(f"{directory}: the model weights do not load ({type(err).__name__}: "
-                                f"{(str(err).splitlines() or [''])[0]}); re-export the checkpoint") from None
+            transformer = load_exported_transformer(directory)
         spec, decoder = record["pooler"], record["decoder"]
         encoder = cls(transformer.to(device).eval(), tokenizer, template=record["template"],
                       sentence_rule=record["sentence_rule"], pooler=DECODER_POOLER, layer=spec["layer"],
@@ -457,6 +442,18 @@ class PromptEncoder:
         if frame != [decoder["special_prefix_ids"], decoder["special_suffix_ids"]]:
             raise DataError(f"{directory}: the tokenizer does not add the recorded special tokens")
         return encoder
+
+
+def load_exported_transformer(directory: Path) -> torch.nn.Module:
+    """The export's transformer (CPU); weights that do not load (unverified, or exported before hashes were
+    recorded) are one DataError line, not a safetensors/torch traceback."""
+    from transformers import AutoModel
+
+    try:
+        return AutoModel.from_pretrained(directory)
+    except Exception as err:
+        raise DataError(f"{directory}: the model weights do not load ({type(err).__name__}: "
+                        f"{(str(err).splitlines() or [''])[0]}); re-export the checkpoint") from None
 
 
 def load_kept_adapter(directory: Path, adapter: dict, base_model: str | None = None) -> torch.nn.Module:

@@ -28,6 +28,8 @@ ADAPTER_CLASSES = {
     "promptemb.lightning_modules.prompteol.PromptEOLSup":
         "promptemb.lightning_modules.prompteol.load_adapter_checkpoint",
 }
+#: where a training run's lineage (training/lineage.py: corpus, settings, base weights) is recorded in its checkpoints
+LINEAGE_KEY = "promptemb_lineage"
 #: state-dict prefixes of weights older checkpoints carry but the modules no longer keep
 #: (PromptBERTSup held the whole *ForMaskedLM model as `mlm_model`, duplicating `transformer.*`)
 LEGACY_PREFIXES = ("mlm_model.",)

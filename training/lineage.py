@@ -28,9 +28,8 @@ from promptemb.common.errors import ConfigError, UserError
 from promptemb.common.instantiate import build
 from promptemb.data.checksums import sha256_file
 from promptemb.encoder.loading import resolve_model_path
-from promptemb.lightning_modules.checkpoint import module_class_path
+from promptemb.lightning_modules.checkpoint import LINEAGE_KEY, module_class_path
 
-CHECKPOINT_KEY = "promptemb_lineage"
 #: Files of a Hugging Face model directory that hold its weights, and those that define its tokenizer.
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -104,8 +103,8 @@ def run_lineage(cfg: DictConfig) -> dict:
 def checkpoint_lineage(checkpoint: dict) -> dict:
     """The lineage a checkpoint recorded; for checkpoints written before lineage was recorded, what their
     hyper-parameters and module record still tell (recipe, backbone name, templates)."""
-    if isinstance(checkpoint.get(CHECKPOINT_KEY), dict):
-        return checkpoint[CHECKPOINT_KEY]
+    if isinstance(checkpoint.get(LINEAGE_KEY), dict):
+        return checkpoint[LINEAGE_KEY]
     hparams = checkpoint.get("hyper_parameters") or {}
     try:
         recipe = module_class_path(checkpoint)
@@ -172,4 +171,4 @@ class LineageCallback(pl.Callback):
             self.lineage = self.compute()
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[CHECKPOINT_KEY] = self.lineage if self.lineage is not None else self.compute()
+        checkpoint[LINEAGE_KEY] = self.lineage if self.lineage is not None else self.compute()

@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytorch_lightning as pl
 import torch
 
-from promptemb.common.compilation import compile_problem
-from promptemb.common.errors import ConfigError
+from promptemb.common.compilation import check_compile_works
 
 
 def enable_tf32(device: torch.device) -> bool:
@@ -26,8 +25,8 @@ def enable_tf32(device: torch.device) -> bool:
 
 
 def check_compile(compile: bool, accelerator: str | None) -> None:
-    if compile and (problem := compile_problem(accelerator)):
-        raise ConfigError(f"trainer.compile=true cannot work on this machine: {problem}; use trainer.compile=false")
+    if compile:
+        check_compile_works("trainer.compile", accelerator)
 
 
 class CompileBackbone(pl.Callback):

@@ -11,7 +11,8 @@ import shutil
 import pytest
 import torch
 
-from promptemb.training.lineage import CHECKPOINT_KEY, checkpoint_lineage, lineage_changes
+from promptemb.lightning_modules.checkpoint import LINEAGE_KEY
+from promptemb.training.lineage import checkpoint_lineage, lineage_changes
 from tests.helpers import assert_one_line_error, error_starting, save_tiny_bert
 from tests.run_faults import fast_overrides, snapshot, train_py
 
@@ -25,7 +26,7 @@ def resume_args(run: dict, *extra: str, corpus=None, model=None) -> list[str]:
 
 def test_every_checkpoint_records_its_lineage(finished_run):
     saved = torch.load(finished_run["out"] / "checkpoints" / "last.ckpt", weights_only=True)
-    lineage = saved[CHECKPOINT_KEY]
+    lineage = saved[LINEAGE_KEY]
     assert lineage["recipe"] == "promptemb.lightning_modules.promptbert.PromptBERTUnsup"
     assert lineage["data.batch_size"] == 4 and lineage["data.max_examples"] == 24 and lineage["data.seed"] == 42
     assert len(lineage["data.files_sha256"]) == 1 and len(lineage["backbone_weights_sha256"]) == 64
@@ -42,8 +43,8 @@ def test_best_checkpoints_hold_what_scoring_needs_and_last_what_resuming_needs(f
     for path in best:
         saved = torch.load(path, weights_only=True)
         assert "optimizer_states" not in saved
-        assert {"state_dict", "hyper_parameters", CHECKPOINT_KEY, "global_step", "callbacks"} <= set(saved)
-        assert saved[CHECKPOINT_KEY] == last[CHECKPOINT_KEY]
+        assert {"state_dict", "hyper_parameters", LINEAGE_KEY, "global_step", "callbacks"} <= set(saved)
+        assert saved[LINEAGE_KEY] == last[LINEAGE_KEY]
         assert path.stat().st_size < (folder / "last.ckpt").stat().st_size
 
 
