@@ -26,6 +26,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
+from promptemb.common.bounds import AtLeastOne
 from promptemb.common.errors import DivergenceError
 from promptemb.common.instantiate import keywords_of, split_keywords
 from promptemb.common.io import atomic_write_json
@@ -50,11 +51,11 @@ class EvaluationPlan:
     training) with the module's poolers plus `dev_poolers`; at the end of fit the best checkpoint on `final_tasks`;
     `shard_evaluation`: under DDP every rank encodes a share of the dev sentences (else rank 0 alone)."""
 
-    every_n_steps: int = 125
+    every_n_steps: AtLeastOne = 125
     dev_task: str = "STSBenchmark-dev"
     dev_poolers: list[str] | tuple[str, ...] = ()
     final_tasks: list[str] | tuple[str, ...] = STS_SUITE
-    batch_size: int = 128
+    batch_size: AtLeastOne = 128
     evaluate_before_training: bool = True
     score_best_at_end: bool = True
     shard_evaluation: bool = True

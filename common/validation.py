@@ -1,22 +1,14 @@
-"""The generic checker of composed configs: types, ranges and choices by parameter name, files, folders and devices.
-The owners of each config group use it: training/config_checks.py (train.py), evaluation/config_checks.py
-(evaluate.py), encoder/settings.py (the backbone).
-
-Types come from where the values go: every config node with a `_target_` is checked against the type hints of that
-class's constructor (following `**kwargs` up the class hierarchy) or function (a factory's flat keys against the
-settings dataclasses it declares), the `backbone` node against `Encoder`'s,
-the remaining top-level keys against their owners' pydantic settings models. pydantic checks each value against its
-hint (strict mode) and against the range declared once per parameter name (`RANGES`, annotated-types intervals),
-wherever the name occurs; valid values are registered by name too (`CHOICES`). Then what only the machine and the file
-system can refute: devices, readable inputs, writable outputs, complete model weights, the columns of a supervised data
-file.
-
-Every failure is one `ConfigError` / `DataError` line naming the key, the value and what is valid (`check_value`
-words pydantic's verdicts). A run that fails here leaves nothing behind: the run folder Hydra created for it (holding
-only Hydra's own files) is removed.
-"""
+"""The generic checker of composed configs. The owners of each config group call it (training/config_checks.py,
+evaluation/config_checks.py, encoder/settings.py) and declare what is valid in their own type hints: every
+`_target_` node is checked against its constructor's or function's hints (following `**kwargs` up the class
+hierarchy; a factory's flat keys against its settings dataclasses), other keys against their owner's pydantic
+settings model. pydantic checks each value in strict mode, bounds (`Annotated[int, Ge(1)]`, common/bounds.py) and
+choices (`Literal[...]`) included; a class we do not own gets its hints from the module that configures it
+(`declare_hints`). Then what only the machine and the file system can refute: devices, readable inputs, writable
+outputs. Every failure is one `ConfigError` line naming the key, the value and what is valid."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -28,14 +20,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from annotated_types import Interval, Predicate
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, FiniteFloat, TypeAdapter, ValidationError
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.instantiate import KEYWORD_SETTINGS
-from promptemb.configs import CONFIG_DIR
 
-# -- declared once per parameter name --------------------------------------------------------------------------------
+# -- bounds and choices: written in the owners' type hints -------------------------------------------------------
 
 
 class Range(Interval):
@@ -43,65 +35,37 @@ class Range(Interval):
 
     __slots__ = ()
 
-    def contains(self, value: float) -> bool:
-        return _range_error(self, value) is None
-
     def describe(self) -> str:
         bounds = (("> ", self.gt), (">= ", self.ge), ("< ", self.lt), ("<= ", self.le))
         return " and ".join(f"{sign}{bound}" for sign, bound in bounds if bound is not None)
 
 
-POSITIVE, NON_NEGATIVE, AT_LEAST_ONE = Range(gt=0), Range(ge=0), Range(ge=1)
-#: Valid ranges by parameter name, wherever the name occurs (model, optimizer, scheduler, data, trainer, callbacks,
-#: evaluate.py).
-RANGES: dict[str, Range] = {
-    "batch_size": AT_LEAST_ONE,
-    "lr": POSITIVE,
-    "temperature": POSITIVE,
-    "weight_decay": NON_NEGATIVE,
-    "warmup_ratio": Range(ge=0, le=1),
-    "max_sentence_tokens": AT_LEAST_ONE,
-    "max_length": Range(ge=3),  # [CLS] + at least one token + [SEP]
-    "num_workers": NON_NEGATIVE,
-    "parallel_batches": AT_LEAST_ONE,
-    "max_examples": AT_LEAST_ONE,
-    "every_n_steps": AT_LEAST_ONE,
-    "eval_every_n_steps": AT_LEAST_ONE,
-    "every_n_train_steps": AT_LEAST_ONE,
-    "max_steps": Range(ge=-1),
-    "max_epochs": Range(ge=-1),
-    "log_every_n_steps": AT_LEAST_ONE,
-    "gradient_clip_val": NON_NEGATIVE,
-    "accumulate_grad_batches": AT_LEAST_ONE,
-    "seed": Range(ge=0, le=2**32 - 1),
-}
-
-#: Hardware accelerators Lightning knows; `gpu`/`cuda` and `mps` are also checked against this machine.
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu", "hpu")
+def bounds_of(hint) -> Range:
+    """The annotated-types bounds in a hint (`Annotated[int, Ge(1)]`, also as an arm of a union); none: Range()."""
+    found = {}
+    for arm in typing.get_args(hint) if _is_union(hint) else (hint,):
+        if typing.get_origin(arm) is Annotated:
+            for constraint in arm.__metadata__:
+                for bound in constraint if isinstance(constraint, Interval) else (constraint,):
+                    found.update({side: getattr(bound, side) for side in ("gt", "ge", "lt", "le")
+                                  if getattr(bound, side, None) is not None})
+    return Range(**found)
 
 
-#: Valid values by parameter name, registered by the modules that own them (`register_choices`).
-CHOICES: dict[str, tuple[str, ...]] = {"accelerator": ACCELERATORS}
+#: Hints for parameters of classes we do not own (Lightning's Trainer, torch's AdamW), declared by the module that
+#: configures them; they replace the class's own hints for those parameters.
+DECLARED_HINTS: dict[Any, dict[str, Any]] = {}
 
 
-def register_choices(name: str, values) -> None:
-    """Declare the valid values of a parameter name wherever it occurs (the owner registers at import)."""
-    CHOICES[name] = tuple(values)
-
-
-# -- the keys that no constructor receives -----------------------------------------------------------------------
-
-
-class TemplateSettings(BaseModel):
-    """A `template` group option (configs/template/): one template, or a pair of training views."""
-
-    text: str | None
-    second_text: str | None
-    sentence_rule: str
+def declare_hints(owner, **hints) -> None:
+    DECLARED_HINTS.setdefault(owner, {}).update(hints)
 
 
 def settings_hints(settings: type[BaseModel]) -> dict[str, Any]:
-    return {name: field.annotation for name, field in settings.model_fields.items()}
+    """A settings model's fields with their hints as written (bounds included: pydantic moves them off
+    `field.annotation`)."""
+    hints = typing.get_type_hints(settings, include_extras=True)
+    return {name: hints[name] for name in settings.model_fields}
 
 
 # -- types: pydantic decides, `describe` words the hint ---------------------------------------------------------------
@@ -197,15 +161,17 @@ def _plural(word: str) -> str:
 def parameter_hints(target) -> tuple[dict[str, Any], bool]:
     """(parameter -> type hint, accepts unknown keywords) of a function or of `cls(...)`, following `**kwargs` to the
     base classes; a factory whose `**keywords` are the fields of settings dataclasses (`common.instantiate.keywords_of`)
-    takes exactly those fields, typed as declared."""
+    takes exactly those fields, typed as declared; `declare_hints` overrides come last."""
     hints: dict[str, Any] = {}
-    functions = [klass.__dict__.get("__init__") for klass in target.__mro__] if inspect.isclass(target) else [target]
+    open_keywords = True
+    owners = target.__mro__ if inspect.isclass(target) else (target,)
+    functions = [owner.__dict__.get("__init__") for owner in owners] if inspect.isclass(target) else [target]
     for function in filter(None, functions):
         try:
             resolved = typing.get_type_hints(function, include_extras=True)
             parameters = inspect.signature(function).parameters
         except (TypeError, ValueError, NameError):  # a C or unannotatable constructor: nothing to check against
-            return hints, True
+            break
         for name, parameter in parameters.items():
             if name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
                 hints.setdefault(name, resolved.get(name, Any))
@@ -214,8 +180,11 @@ def parameter_hints(target) -> tuple[dict[str, Any], bool]:
             fields = typing.get_type_hints(kind, include_extras=True)
             hints.update({field.name: fields.get(field.name, Any) for field in dataclasses.fields(kind)})
         if settings or not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
-            return hints, False
-    return hints, True
+            open_keywords = False
+            break
+    for owner in reversed(owners):
+        hints.update(DECLARED_HINTS.get(owner, {}))
+    return hints, open_keywords
 
 
 def target_name(obj) -> str:
@@ -225,10 +194,9 @@ def target_name(obj) -> str:
 
 
 def check_value(key: str, value: Any, hint=Any) -> None:
-    """One key: its type (from `hint`), then its range or choices (by the key's last name); pydantic's verdicts in
-    one line each."""
-    shown, name = f"{key}={value!r}", key.rsplit(".", 1)[-1]
-    bounds = RANGES.get(name, Range())
+    """One key against its type hint: the type, then the bounds or choices the hint carries (`Annotated[int, Ge(1)]`,
+    `Literal[...]`), and any number finite; pydantic's verdicts in one line each."""
+    shown, name, bounds = f"{key}={value!r}", key.rsplit(".", 1)[-1], bounds_of(hint)
     if not matches(value, hint):
         wanted = " ".join(filter(None, (describe(hint) or "another type", bounds.describe())))
         raise ConfigError(f"{shown} is not valid: {name} must be {wanted}")
@@ -238,9 +206,6 @@ def check_value(key: str, value: Any, hint=Any) -> None:
     if error:
         kind = "a number" if matches(0.5, hint) else "an integer"
         raise ConfigError(f"{shown} is out of range: {name} must be {kind} {bounds.describe()}")
-    choices = CHOICES.get(name)
-    if choices and isinstance(value, str) and value not in choices:
-        raise ConfigError(f"{shown} is not valid: {name} must be one of {', '.join(choices)}")
 
 
 def check_node(prefix: str, node: dict, hints: dict[str, Any], open_keywords: bool, owner: str) -> None:
@@ -253,22 +218,24 @@ def check_node(prefix: str, node: dict, hints: dict[str, Any], open_keywords: bo
         check_value(key, value, hints.get(name, Any))
 
 
-def check_targets(node: Any, prefix: str = "") -> None:
-    """Every `_target_` node in the tree against its class's constructor or its function (a learning-rate
-    schedule)."""
+def target_nodes(node: Any, prefix: str = "") -> list[tuple[str, dict, Any]]:
+    """(key prefix, node, imported target) of every `_target_` node in the tree."""
+    found = []
     if isinstance(node, dict):
-        target = node.get("_target_")
-        if isinstance(target, str):
-            from hydra.utils import get_object
-
-            try:
-                obj = get_object(target)
-            except Exception:  # not importable: Hydra reports it when instantiating
-                obj = None
-            if callable(obj):  # a class, a function (a learning-rate schedule) or a classmethod factory
-                check_node(prefix, node, *parameter_hints(obj), target_name(obj))
+        if isinstance(target := node.get("_target_"), str):
+            with contextlib.suppress(Exception):  # not importable: Hydra reports it when instantiating
+                found.append((prefix, node, get_object(target)))
         for name, value in node.items():
-            check_targets(value, f"{prefix}{name}.")
+            found += target_nodes(value, f"{prefix}{name}.")
+    return found
+
+
+def check_targets(node: Any) -> None:
+    """Every `_target_` node in the tree against its class's constructor or its function (a learning-rate
+    schedule); all targets are imported first, so each module's `declare_hints` is in place."""
+    for prefix, values, obj in target_nodes(node):
+        if callable(obj):  # a class, a function (a learning-rate schedule) or a classmethod factory
+            check_node(prefix, values, *parameter_hints(obj), target_name(obj))
 
 
 def check_settings(container: dict, settings: type[BaseModel]) -> None:
@@ -284,61 +251,29 @@ def resolved(cfg: DictConfig) -> dict:
         raise ConfigError(f"the config does not resolve: {str(err).splitlines()[0]}") from None
 
 
-def template_options(pairs: bool) -> list[str]:
-    """Names of configs/template/ options that are pairs of views (`pairs`) or single templates."""
-    names = []
-    for path in sorted((CONFIG_DIR / "template").glob("*.yaml")):
-        option = OmegaConf.load(path)
-        if option.get("text") is not None and (option.get("second_text") is not None) == pairs:
-            names.append(path.stem)
-    return names
-
-
-def check_template(container: dict, recipe: str | None) -> None:
-    """The `template` node against what uses it: a training recipe (`recipe`: the LightningModule's `_target_`) takes
-    as many templates as it has views; evaluate.py (`recipe` None) takes one template or none."""
-    template = container.get("template") or {}
-    check_node("template.", template, settings_hints(TemplateSettings), False, "a template option")
-    given = [name for name in ("text", "second_text") if template.get(name) is not None]
-    if recipe is None:
-        if "second_text" in given:
-            raise ConfigError("template.second_text is set (a pair of training views) but evaluate.py scores one "
-                              "template: use a single template (template=" + "|".join(template_options(False)) +
-                              ") or template.second_text=null")
-        return
-    from hydra.utils import get_class
-
-    try:
-        views = getattr(get_class(recipe), "template_views", None)
-    except Exception:  # not importable: Hydra reports it when instantiating
-        return
-    if views is None or (len(given) == views and "text" in given):
-        return
-    name = recipe.rsplit(".", 1)[-1]
-    wanted = ("a pair of templates (template.text, template.second_text)" if views == 2
-              else "one template (template.text)")
-    got = {0: "no template", 1: "one template", 2: "a pair of templates"}[len(given)]
-    raise ConfigError(f"{name} trains with {wanted} but the template config gives {got}; valid here: template="
-                      + "|".join(template_options(views == 2)))
-
-
 # -- the machine and the file system -----------------------------------------------------------------------------
 
 
-def check_accelerator(key: str, accelerator: Any, devices: Any = None) -> None:
-    """`gpu`/`cuda`/`mps` only where this machine has one; a device count no larger than what it has."""
+def check_on_this_machine(key: str, value: Any, kind: str, fix: str, needed: int | None = None,
+                          needed_by: str = "") -> None:
+    """A `gpu`/`cuda`/`mps` setting only where this machine has one (and at least `needed` CUDA GPUs)."""
     import torch
 
-    if accelerator in ("gpu", "cuda"):
+    if kind in ("gpu", "cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"{key}={accelerator} but this machine has no CUDA GPU (torch.cuda.is_available() is "
-                              "False); use trainer.accelerator=cpu or auto")
-        count = torch.cuda.device_count()
-        wanted = len(devices) if isinstance(devices, list) else devices
-        if isinstance(wanted, int) and wanted > count:
-            raise ConfigError(f"trainer.devices={devices} but this machine has {count} CUDA GPU(s)")
-    if accelerator == "mps" and not torch.backends.mps.is_available():
+            raise ConfigError(f"{key}={value} but this machine has no CUDA GPU (torch.cuda.is_available() is "
+                              f"False); use {fix}")
+        if needed is not None and needed > torch.cuda.device_count():
+            raise ConfigError(f"{needed_by} but this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    if kind == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key}=mps but this machine has no Apple MPS device; use cpu or auto")
+
+
+def check_accelerator(key: str, accelerator: Any, devices: Any = None) -> None:
+    """The trainer's accelerator, and no more devices than this machine has."""
+    wanted = len(devices) if isinstance(devices, list) else devices
+    check_on_this_machine(key, accelerator, str(accelerator), "trainer.accelerator=cpu or auto",
+                          wanted if isinstance(wanted, int) else None, f"trainer.devices={devices}")
 
 
 def check_device(key: str, device: str) -> None:
@@ -351,14 +286,8 @@ def check_device(key: str, device: str) -> None:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
         raise ConfigError(f"{key}={device!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{key}={device} but this machine has no CUDA GPU (torch.cuda.is_available() is "
-                              "False); use backbone.device=cpu or auto")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise ConfigError(f"{key}={device} but this machine has {torch.cuda.device_count()} CUDA GPU(s)")
-    elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"{key}=mps but this machine has no Apple MPS device; use cpu or auto")
+    check_on_this_machine(key, device, parsed.type, "backbone.device=cpu or auto",
+                          None if parsed.index is None else parsed.index + 1, f"{key}={device}")
 
 
 def check_readable_file(key: str, path: str | Path) -> Path:

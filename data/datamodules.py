@@ -22,6 +22,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from promptemb.common.bounds import AtLeastOne, NonNegativeInt, Seed
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.download import DEFAULT_CACHE, fetch, load_source
 from promptemb.data.pretokenized import (
@@ -58,11 +59,11 @@ ACCELERATOR_WORKERS = 4
 class _StringDataModule(pl.LightningDataModule):
     """Shared: global batch size split over ranks, held-out filtering, shuffled drop-last loader."""
 
-    def __init__(self, batch_size: int, data_root: str | None = None,
-                 held_out_tasks: list[str] | tuple[str, ...] = HELD_OUT_TASKS, max_examples: int | None = None,
-                 num_workers: int | Literal["auto"] = "auto", download: str | None = None,
-                 cache_dir: str | None = None, seed: int = 0, pretokenize: bool = True,
-                 tokenize_processes: int | None = None, pin_memory: bool | Literal["auto"] = "auto",
+    def __init__(self, batch_size: AtLeastOne, data_root: str | None = None,
+                 held_out_tasks: list[str] | tuple[str, ...] = HELD_OUT_TASKS, max_examples: AtLeastOne | None = None,
+                 num_workers: NonNegativeInt | Literal["auto"] = "auto", download: str | None = None,
+                 cache_dir: str | None = None, seed: Seed = 0, pretokenize: bool = True,
+                 tokenize_processes: AtLeastOne | None = None, pin_memory: bool | Literal["auto"] = "auto",
                  group_by_length: bool = False, distinct_in_batch: bool = False, verify_cache: bool = False):
         """`num_workers`/`pin_memory` `auto`: 4 workers (persistent) and pinned memory when the trainer runs on an
         accelerator, 0 and off on a CPU. `tokenize_processes`: processes for pre-tokenizing a large corpus (default:
@@ -234,7 +235,7 @@ class TextLinesDataModule(_StringDataModule):
     """Unsupervised sentences, one per line, from local files (relative to the data root) or a download source
     (`download: wiki1m` fetches SimCSE's wiki1m_for_simcse.txt, cached)."""
 
-    def __init__(self, files: list[str], batch_size: int = 64, **kwargs):
+    def __init__(self, files: list[str], batch_size: AtLeastOne = 64, **kwargs):
         super().__init__(batch_size, **kwargs)
         self.files = list(files)
 
@@ -249,7 +250,8 @@ class TripletDataModule(_StringDataModule):
     """(sentence, entailment, contradiction) triplets: `format: nli_csv` (SimCSE's nli_for_simcse.csv, local or
     `download: nli`) or `format: sick` (triplets built from SICK train, for CPU-scale runs)."""
 
-    def __init__(self, file: str, format: str = "nli_csv", batch_size: int = 64, **kwargs):
+    def __init__(self, file: str, format: Literal["nli_csv", "sick"] = "nli_csv", batch_size: AtLeastOne = 64,
+                 **kwargs):
         super().__init__(batch_size, **kwargs)
         if format not in ("nli_csv", "sick"):
             raise ConfigError(f"unknown triplet format {format!r}; valid: nli_csv, sick")

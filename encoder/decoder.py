@@ -16,13 +16,13 @@ GPT-2-style absolute positions shift with the padding).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+import typing
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import register_choices
 from promptemb.encoder.decoder_forms import DecoderForm
 from promptemb.encoder.inputs import PAD, POOLED, SENTENCE, SLOT, SPECIAL, TEMPLATE, Batch, InputForm, TokenizedInput
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
@@ -36,8 +36,8 @@ PLACEHOLDER = "<PST>"
 #: Echo templates use the official parser's syntax: `{...}` pieces are tokenized (and truncated) on their own,
 #: `{!...}` ones are not pooled, `%%text%%` is the sentence, `<s>` / `</s>` the tokenizer's BOS / EOS.
 ECHO_SENTENCE = "%%text%%"
-PADDING_SIDES = ("right", "left")
-register_choices("padding_side", PADDING_SIDES)
+PaddingSide = Literal["right", "left"]
+PADDING_SIDES = typing.get_args(PaddingSide)
 
 
 #: the template every message suggests (PromptEOL's)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import typing
 from pathlib import Path
+from typing import Literal
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -14,15 +16,14 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokeni
 
 from promptemb.common.compilation import check_compile_works
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import register_choices
 from promptemb.encoder.decoder import is_causal_lm
 
 PACKAGE_PREFIX = "package:"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-register_choices("dtype", DTYPES)
+DType = Literal["float32", "bfloat16", "float16"]
+DTYPES = dict(zip(typing.get_args(DType), (torch.float32, torch.bfloat16, torch.float16), strict=True))
 #: Evaluation forwards under autocast: `auto` = bf16 on a CUDA device that has it (fp32 weights), none elsewhere.
-AUTOCASTS = ("auto", "bf16", "none")
-register_choices("autocast", AUTOCASTS)
+Autocast = Literal["auto", "bf16", "none"]
+AUTOCASTS = typing.get_args(Autocast)
 
 
 def resolve_autocast(setting: str, device: torch.device, dtype: str) -> torch.dtype | None:

@@ -12,10 +12,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from promptemb.common.bounds import AtLeastOne, TokenLimit
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.decoder import (
     PADDING_SIDES,
     DecoderInputBuilder,
+    PaddingSide,
     check_last_token_template,
     is_causal_lm,
     run_decoder,
@@ -24,6 +26,8 @@ from promptemb.encoder.forward import InputEmbedder, max_input_length, run_trans
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm
 from promptemb.encoder.loading import (
     DTYPES,
+    Autocast,
+    DType,
     check_backbone_compile,
     check_quantization,
     find_mlm_head,
@@ -128,19 +132,19 @@ class Encoder:
         name_or_path: str,
         *,
         device: str = "auto",
-        batch_size: int = 64,
-        max_length: int | None = None,
-        dtype: str = "float32",
+        batch_size: AtLeastOne = 64,
+        max_length: TokenLimit | None = None,
+        dtype: DType = "float32",
         attentions: bool = False,
         mlm_head: bool = False,
         revision: str | None = None,
         progress: bool = True,
         device_map: str | dict | None = None,
         quantization: str | None = None,
-        padding_side: str = "right",
+        padding_side: PaddingSide = "right",
         compile: bool = False,
-        autocast: str = "none",
-        parallel_batches: int = 1,
+        autocast: Autocast = "none",
+        parallel_batches: AtLeastOne = 1,
     ):
         """`device_map` (e.g. "auto") and `quantization` ("4bit", CUDA only) are passed to `from_pretrained` for
         models too big for one device; `padding_side` applies to decoders (results do not depend on it).

@@ -1,12 +1,63 @@
-"""The `backbone` config node, checked against `Encoder`'s constructor (types, ranges, choices) before anything is
-loaded."""
+"""The `backbone` and `template` config nodes, checked before anything is loaded: the backbone against `Encoder`'s
+constructor (types, bounds, choices), the template against `TemplateSettings` and against what uses it."""
 
 from __future__ import annotations
 
-from promptemb.common.validation import check_node, parameter_hints
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+from pydantic import BaseModel
+
+from promptemb.common.errors import ConfigError
+from promptemb.common.validation import check_node, parameter_hints, settings_hints
+from promptemb.configs import CONFIG_DIR
 from promptemb.encoder.model import Encoder
+from promptemb.encoder.template import SentenceRule
 
 
 def check_backbone(container: dict) -> None:
     check_node("backbone.", container.get("backbone") or {}, parameter_hints(Encoder)[0], False,
                "Encoder (the backbone)")
+
+
+class TemplateSettings(BaseModel):
+    """A `template` group option (configs/template/): one template, or a pair of training views."""
+
+    text: str | None
+    second_text: str | None
+    sentence_rule: SentenceRule
+
+
+def template_options(pairs: bool) -> list[str]:
+    """Names of configs/template/ options that are pairs of views (`pairs`) or single templates."""
+    names = []
+    for path in sorted((CONFIG_DIR / "template").glob("*.yaml")):
+        option = OmegaConf.load(path)
+        if option.get("text") is not None and (option.get("second_text") is not None) == pairs:
+            names.append(path.stem)
+    return names
+
+
+def check_template(container: dict, recipe: str | None) -> None:
+    """The `template` node against what uses it: a training recipe (`recipe`: the LightningModule's `_target_`) takes
+    as many templates as it has views; evaluate.py (`recipe` None) takes one template or none."""
+    template = container.get("template") or {}
+    check_node("template.", template, settings_hints(TemplateSettings), False, "a template option")
+    given = [name for name in ("text", "second_text") if template.get(name) is not None]
+    if recipe is None:
+        if "second_text" in given:
+            raise ConfigError("template.second_text is set (a pair of training views) but evaluate.py scores one "
+                              "template: use a single template (template=" + "|".join(template_options(False)) +
+                              ") or template.second_text=null")
+        return
+    try:
+        views = getattr(get_class(recipe), "template_views", None)
+    except Exception:  # not importable: Hydra reports it when instantiating
+        return
+    if views is None or (len(given) == views and "text" in given):
+        return
+    name = recipe.rsplit(".", 1)[-1]
+    wanted = ("a pair of templates (template.text, template.second_text)" if views == 2
+              else "one template (template.text)")
+    got = {0: "no template", 1: "one template", 2: "a pair of templates"}[len(given)]
+    raise ConfigError(f"{name} trains with {wanted} but the template config gives {got}; valid here: template="
+                      + "|".join(template_options(views == 2)))

@@ -7,10 +7,11 @@ Prefix and suffix are tokenized once; only the sentence is ever truncated.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import register_choices
 
 SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"
@@ -22,8 +23,8 @@ MASK_SLOT = "[MASK]"
 #: `prompteol`: the rule of the decoder prompt methods' official evaluations (kongds/scaling_sentemb and the code
 #: built on it): `append_period`, then every `"` becomes `'` (the templates quote the sentence with `"`), then a
 #: final `?` becomes `.`.
-SENTENCE_RULES = ("none", "append_period", "promptbert", "prompteol")
-register_choices("sentence_rule", SENTENCE_RULES)
+SentenceRule = Literal["none", "append_period", "promptbert", "prompteol"]
+SENTENCE_RULES = typing.get_args(SentenceRule)
 
 
 def apply_sentence_rule(sentence: str, rule: str) -> str:

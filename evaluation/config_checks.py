@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from pydantic import BaseModel
 
+from promptemb.common.bounds import AtLeastOne, Seed
 from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_folder import nothing_left_on_user_error
@@ -16,12 +17,11 @@ from promptemb.common.validation import (
     check_device,
     check_readable_file,
     check_settings,
-    check_template,
     check_writable_dir,
     resolved,
 )
 from promptemb.encoder.loading import check_model_source
-from promptemb.encoder.settings import check_backbone
+from promptemb.encoder.settings import check_backbone, check_template
 
 
 class EvaluateSettings(BaseModel):
@@ -42,8 +42,8 @@ class EvaluateSettings(BaseModel):
     post_args: dict
     fit_corpus: str
     analysis: bool
-    max_sentence_tokens: int | None
-    seed: int
+    max_sentence_tokens: AtLeastOne | None
+    seed: Seed
     allow_unverified_weights: bool
     progress: bool
     pooler: str

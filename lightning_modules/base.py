@@ -17,13 +17,15 @@ import torch
 from pytorch_lightning.utilities.enums import GradClipAlgorithmType
 from torch.optim.lr_scheduler import LRScheduler
 
+from promptemb.common.bounds import AtLeastOne, NonNegative, Positive, TokenLimit
 from promptemb.common.errors import ConfigError, DivergenceError
+from promptemb.common.validation import declare_hints
 from promptemb.data.pretokenized import SentenceTokenization
 from promptemb.encoder.forward import concat_batches, max_input_length, run_transformer, template_biases
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
 from promptemb.encoder.loading import load_pretrained
 from promptemb.encoder.model import Encoder
-from promptemb.encoder.template import Template
+from promptemb.encoder.template import SentenceRule, Template
 from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache, check_grad_cache_precision
 from promptemb.lightning_modules.losses import info_nce, world_size
 from promptemb.lightning_modules.schedules import linear_warmup_decay
@@ -32,6 +34,7 @@ from promptemb.poolers.base import Pooler
 #: The optimiser and schedule when none is passed (configs/optimizer/adamw.yaml, configs/scheduler/linear.yaml).
 DEFAULT_OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0)
 DEFAULT_SCHEDULER = functools.partial(linear_warmup_decay, warmup_ratio=0.0)
+declare_hints(torch.optim.AdamW, lr=Positive, weight_decay=NonNegative)
 
 #: Where *ForMaskedLM models keep the MLM head's transform (dense -> activation -> LayerNorm): (module, LayerNorm name).
 MLM_TRANSFORMS = (("cls.predictions.transform", "LayerNorm"), ("lm_head", "layer_norm"))  # BERT; RoBERTa, XLM-R
@@ -78,16 +81,16 @@ class PromptContrastiveModule(pl.LightningModule):
         model_name_or_path: str,
         templates: list[str],
         eval_template: str | None = None,
-        temperature: float = 0.05,
+        temperature: Positive = 0.05,
         optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         scheduler: Callable[..., LRScheduler] | None = None,
-        max_sentence_tokens: int = 32,
-        sentence_rule: str = "none",
+        max_sentence_tokens: AtLeastOne = 32,
+        sentence_rule: SentenceRule = "none",
         denoise: bool = True,
         freeze_bias: bool = False,
         load_mlm_head: bool = False,
-        max_length: int | None = None,
-        grad_cache_chunk_size: int | None = None,
+        max_length: TokenLimit | None = None,
+        grad_cache_chunk_size: AtLeastOne | None = None,
         gradient_checkpointing: bool = False,
     ):
         super().__init__()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
+from typing import Literal
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import register_choices
 from promptemb.lightning_modules.base import PromptContrastiveModule
 from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
 from promptemb.poolers import build_pooler
@@ -37,8 +38,8 @@ class PromptBERTUnsup(PromptContrastiveModule):
 
 #: PromptBERTSup's heads: `mlm_transform` = the BERT recipe's g(h) − g(δ), g the MLM head's transform;
 #: `tanh_mlp` = the reference's RoBERTa recipe, tanh(W(h − δ) + b) randomly initialised.
-SUPERVISED_HEADS = ("mlm_transform", "tanh_mlp")
-register_choices("head_type", SUPERVISED_HEADS)
+SupervisedHead = Literal["mlm_transform", "tanh_mlp"]
+SUPERVISED_HEADS = typing.get_args(SupervisedHead)
 
 
 class PromptBERTSup(PromptContrastiveModule):
@@ -50,7 +51,7 @@ class PromptBERTSup(PromptContrastiveModule):
     too)."""
 
     def __init__(self, model_name_or_path: str, templates: list[str] = BERT_TEMPLATES[1:],
-                 head_type: str = "mlm_transform", **kwargs):
+                 head_type: SupervisedHead = "mlm_transform", **kwargs):
         if head_type not in SUPERVISED_HEADS:
             raise ConfigError(f"unknown head_type {head_type!r}; valid: {', '.join(SUPERVISED_HEADS)}")
         kwargs.setdefault("load_mlm_head", head_type == "mlm_transform")

@@ -24,14 +24,21 @@ import pytorch_lightning as pl
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from promptemb.common.bounds import AtLeastOne, Fraction, Positive, TokenLimit
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.optional import require
-from promptemb.encoder.decoder import DecoderInputBuilder, check_last_token_template, is_causal_lm, run_decoder
+from promptemb.encoder.decoder import (
+    DecoderInputBuilder,
+    PaddingSide,
+    check_last_token_template,
+    is_causal_lm,
+    run_decoder,
+)
 from promptemb.encoder.inputs import InputForm
-from promptemb.encoder.loading import DTYPES, check_quantization, load_pretrained, quantization_kwargs
+from promptemb.encoder.loading import DTYPES, DType, check_quantization, load_pretrained, quantization_kwargs
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.pooling import Needs
-from promptemb.encoder.template import Template
+from promptemb.encoder.template import SentenceRule, Template
 from promptemb.lightning_modules.base import DEFAULT_OPTIMIZER, DEFAULT_SCHEDULER, PromptContrastiveModule
 from promptemb.lightning_modules.checkpoint import read_checkpoint
 from promptemb.lightning_modules.promptbert import PromptBERTSup
@@ -70,20 +77,20 @@ class PromptEOLSup(PromptContrastiveModule):
         model_name_or_path: str,
         templates: list[str] = (PROMPTEOL,),
         eval_template: str | None = None,
-        temperature: float = 0.05,
+        temperature: Positive = 0.05,
         optimizer=None,
         scheduler=None,
-        max_sentence_tokens: int = 32,
-        sentence_rule: str = "prompteol",
-        max_length: int | None = None,
-        lora_r: int = 64,
-        lora_alpha: int = 16,
-        lora_dropout: float = 0.05,
+        max_sentence_tokens: AtLeastOne = 32,
+        sentence_rule: SentenceRule = "prompteol",
+        max_length: TokenLimit | None = None,
+        lora_r: AtLeastOne = 64,
+        lora_alpha: AtLeastOne = 16,
+        lora_dropout: Fraction = 0.05,
         lora_target_modules: list[str] = ("q_proj", "v_proj"),
         quantization: str | None = None,
-        dtype: str = "float32",
-        padding_side: str = "left",
-        grad_cache_chunk_size: int | None = None,
+        dtype: DType = "float32",
+        padding_side: PaddingSide = "left",
+        grad_cache_chunk_size: AtLeastOne | None = None,
         gradient_checkpointing: bool = False,
         base_weights_sha256: str | None = None,
     ):

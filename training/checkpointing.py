@@ -32,8 +32,10 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from promptemb.common.bounds import AtLeastOne
 from promptemb.common.errors import ConfigError, DivergenceError, UserError
 from promptemb.common.io import fsync_directory, umask_mode
+from promptemb.common.validation import declare_hints
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +187,9 @@ class RunCheckpoint(ModelCheckpoint):
         if trainer.strategy.reduce_boolean_decision(bool(trainer.received_sigterm), all=False):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             trainer.should_stop = True  # the step's own logging still happens, then the loop ends
+
+
+declare_hints(RunCheckpoint, every_n_train_steps=AtLeastOne | None)
 
 
 def check_resumable(path: Path, checkpoint: dict) -> None:

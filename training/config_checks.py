@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from pydantic import BaseModel
 
+from promptemb.common.bounds import AtLeastOne, Seed
 from promptemb.common.errors import ConfigError
 from promptemb.common.instantiate import build
 from promptemb.common.run_folder import nothing_left_on_user_error
@@ -18,14 +19,13 @@ from promptemb.common.validation import (
     check_accelerator,
     check_settings,
     check_targets,
-    check_template,
     check_writable_dir,
     resolved,
 )
 from promptemb.data.root import resolve_data_root
 from promptemb.data.training_corpora import check_nli_header
 from promptemb.encoder.loading import check_model_source
-from promptemb.encoder.settings import check_backbone
+from promptemb.encoder.settings import check_backbone, check_template
 from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
 from promptemb.training.trainer import check_compile
 
@@ -36,8 +36,8 @@ class TrainSettings(BaseModel):
     task_name: str
     data_root: str | None
     output_dir: str
-    seed: int
-    eval_every_n_steps: int
+    seed: Seed
+    eval_every_n_steps: AtLeastOne
     ckpt_path: str | None
     resume: bool
     export_dir: str | None

@@ -9,10 +9,15 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import pytorch_lightning as pl
 import torch
+from annotated_types import Ge
 
+from promptemb.common.bounds import AtLeastOne, NonNegative
 from promptemb.common.compilation import check_compile_works
+from promptemb.common.validation import declare_hints
 
 
 def enable_tf32(device: torch.device) -> bool:
@@ -44,3 +49,11 @@ class Trainer(pl.Trainer):
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), CompileBackbone()]
         super().__init__(*args, **kwargs)
         self.tf32 = enable_tf32(self.strategy.root_device)
+
+
+#: Lightning's own hints say `int` or `str`; these are the values it accepts (`gpu`/`cuda`/`mps` are checked against
+#: this machine too).
+declare_hints(Trainer, accelerator=Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu", "hpu"],
+              max_steps=Annotated[int, Ge(-1)], max_epochs=Annotated[int, Ge(-1)] | None,
+              log_every_n_steps=AtLeastOne | None, gradient_clip_val=NonNegative | None,
+              accumulate_grad_batches=AtLeastOne)

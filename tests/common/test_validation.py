@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,22 @@ def test_type_descriptions():
     check_value("trainer.devices", [0, 1], list[int] | str | int)
     with pytest.raises(ConfigError, match=r"x\.files=\[1\] is not valid: files must be a list of strings"):
         check_value("x.files", [1], list[str])
+
+
+def test_declared_hints_name_parameters_their_owner_takes(monkeypatch):
+    """`declare_hints` bounds for classes we do not own (AdamW, Lightning's Trainer and ModelCheckpoint): each name
+    is a parameter of that class, so a misspelt declaration cannot silently check nothing."""
+    import promptemb.lightning_modules.base  # declares AdamW's
+    import promptemb.training.checkpointing
+    import promptemb.training.trainer  # noqa: F401
+    from promptemb.common.validation import DECLARED_HINTS, bounds_of, parameter_hints
+
+    assert {owner.__name__ for owner in DECLARED_HINTS} >= {"AdamW", "Trainer", "RunCheckpoint"}
+    for owner, declared in list(DECLARED_HINTS.items()):
+        monkeypatch.delitem(DECLARED_HINTS, owner)
+        own = parameter_hints(owner)[0]
+        monkeypatch.setitem(DECLARED_HINTS, owner, declared)
+        assert set(declared) <= set(own), (owner, set(declared) - set(own))
+        for name, hint in declared.items():
+            assert parameter_hints(owner)[0][name] is hint
+            assert bounds_of(hint).describe() or typing.get_origin(hint) is typing.Literal, (owner, name)

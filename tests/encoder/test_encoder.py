@@ -162,14 +162,15 @@ def test_parallel_batches_out_of_range_or_with_compile_is_refused(tiny_bert):
 
 
 def test_autocast_and_parallel_batches_keys_are_checked_like_every_key():
-    """evaluate.py's config check (the generic checker) knows the registered choices and the range."""
-    from promptemb.common.validation import check_value
+    """evaluate.py's config check (the generic checker) reads the choices and the range from Encoder's hints."""
+    from promptemb.common.validation import check_value, parameter_hints
 
+    hints = parameter_hints(Encoder)[0]
     with pytest.raises(ConfigError, match=r"^backbone\.autocast='fp8' is not valid: autocast must be one of auto, "
                                           r"bf16, none$"):
-        check_value("backbone.autocast", "fp8", str)
+        check_value("backbone.autocast", "fp8", hints["autocast"])
     with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches=0 is out of range: parallel_batches must be "
                                           r"an integer >= 1$"):
-        check_value("backbone.parallel_batches", 0, int)
-    check_value("backbone.autocast", "bf16", str)
-    check_value("backbone.parallel_batches", 2, int)
+        check_value("backbone.parallel_batches", 0, hints["parallel_batches"])
+    check_value("backbone.autocast", "bf16", hints["autocast"])
+    check_value("backbone.parallel_batches", 2, hints["parallel_batches"])

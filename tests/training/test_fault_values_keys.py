@@ -8,12 +8,16 @@ import math
 import re
 
 import pytest
+import torch
 
 from promptemb.common.cli import check_command_line
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import RANGES, check_value
+from promptemb.common.validation import bounds_of, check_value, parameter_hints
 from promptemb.evaluation.config_checks import check_mode_keys
+from promptemb.lightning_modules.promptbert import PromptBERTUnsup
+from promptemb.lightning_modules.schedules import linear_warmup_decay
 from promptemb.training.command_line import check_experiment_overrides, check_train_only_keys
+from promptemb.training.trainer import Trainer
 from tests.faults import listing, run_entry
 from tests.helpers import assert_one_line_error
 
@@ -21,13 +25,20 @@ ENTRY_CHECKS = {"train": (check_experiment_overrides, check_train_only_keys), "e
                 "encode": (check_mode_keys("encode"),), "export": ()}
 
 
+#: where each key's range is declared: its owner's hints
+OWNERS = {"optimizer": torch.optim.AdamW, "model": PromptBERTUnsup, "scheduler": linear_warmup_decay,
+          "trainer": Trainer}
+
+
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("key", ["optimizer.lr", "model.temperature", "scheduler.warmup_ratio",
                                  "trainer.gradient_clip_val", "optimizer.weight_decay"])
 def test_non_finite_numbers_fail_every_range_check(key, value):
+    group, name = key.split(".")
+    hint = parameter_hints(OWNERS[group])[0][name]
+    assert bounds_of(hint).describe()  # a range is declared, and a non-finite value is outside it
     with pytest.raises(ConfigError, match=r"must be a finite number \(not nan or inf\)$"):
-        check_value(key, value, float)
-    assert not RANGES[key.rsplit(".", 1)[-1]].contains(value)
+        check_value(key, value, hint)
 
 
 def test_non_finite_numbers_fail_even_where_no_range_is_declared():
