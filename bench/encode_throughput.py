@@ -5,15 +5,18 @@
 
 Same sentences (unique STS-B + SICK sentences, shuffled with a fixed seed), same batch size, same device, same
 threads; after a warm-up, `--repeats` rounds time each side once in turn (load drifts on a shared machine hit
-every side alike) and the best time per side is kept. The project is timed three ways: eager, with
-`parallel_batches` (batches encoded at once in threads sharing the torch threads) and with `compile=True`
-(torch.compile; its first call, compilation included, is reported apart). Prints sentences/s for
-each, the ratios, and the max abs difference of the embeddings (they must agree: same model, same pooling).
+every side alike) and the best time per side is kept. The project is timed four ways: eager; with
+`parallel_batches` (batches encoded at once in threads sharing the torch threads); with `parallel_batches` and
+`onednn_linears` (the linears' weights pre-packed for oneDNN, encoder/onednn.py); and with `compile=True`
+(torch.compile; its first call, compilation included, is reported apart). Prints sentences/s for each, the ratios
+to sentence-transformers, and the max abs difference of the unit embeddings (they must agree: same model, same
+pooling).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import time
@@ -58,24 +61,23 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     pooler = build_poolers(["mean"])
-    encoder = Encoder(args.model, device=device, batch_size=args.batch_size, max_length=256, progress=False)
     st_model = SentenceTransformer(resolve_model_path(args.model), device=device)
-    sides = {
-        "eager": lambda: encoder.embed(sentences, pooler)["mean"],
-        "st": lambda: st_model.encode(sentences, batch_size=args.batch_size, convert_to_numpy=True,
-                                      show_progress_bar=False),
-    }
-    parallel = Encoder(args.model, device=device, batch_size=args.batch_size, max_length=256, progress=False,
-                       parallel_batches=args.parallel_batches)
-    sides["parallel"] = lambda: parallel.embed(sentences, pooler)["mean"]
-    first_call_s = None
+    parallel = f"parallel_batches={args.parallel_batches}"
+    options = {"eager": {}, parallel: {"parallel_batches": args.parallel_batches},
+               f"{parallel} + onednn_linears": {"parallel_batches": args.parallel_batches, "onednn_linears": True}}
     if not args.no_compile:
-        compiled = Encoder(args.model, device=device, batch_size=args.batch_size, max_length=256, progress=False,
-                           compile=True)
+        options["compiled"] = {"compile": True}
+    encoders = {name: Encoder(args.model, device=device, batch_size=args.batch_size, max_length=256, progress=False,
+                              **kw) for name, kw in options.items()}
+    sides = {name: functools.partial(lambda e: e.embed(sentences, pooler)["mean"], encoder)
+             for name, encoder in encoders.items()}
+    sides["sentence-transformers"] = lambda: st_model.encode(sentences, batch_size=args.batch_size,
+                                                             convert_to_numpy=True, show_progress_bar=False)
+    first_call_s = None
+    if "compiled" in sides:
         start = time.perf_counter()
-        compiled.embed(sentences, pooler)
+        sides["compiled"]()
         first_call_s = time.perf_counter() - start
-        sides["compiled"] = lambda: compiled.embed(sentences, pooler)["mean"]
     # One round = each side once, in turn: on a shared machine, load drifts hit every side alike.
     best = dict.fromkeys(sides, float("inf"))
     embeddings = {name: fn() for name, fn in sides.items()}  # warm-up
@@ -83,24 +85,15 @@ def main() -> None:
         for name, fn in sides.items():
             seconds, embeddings[name] = best_time(fn, 1, warm_up=False)
             best[name] = min(best[name], seconds)
-    ours_s, theirs_s, compiled_s = best["eager"], best["st"], best.get("compiled")
-    ours, theirs, compiled_embeddings = embeddings["eager"], embeddings["st"], embeddings.get("compiled")
-    n = len(sentences)
+    n, theirs = len(sentences), embeddings["sentence-transformers"]
     print(f"device {device}, torch threads {torch.get_num_threads()}, {n} sentences, batch size {args.batch_size}")
-    print(f"project  Encoder.embed(mean)       {n / ours_s:8.1f} sentences/s  ({ours_s:.2f} s)")
-    if compiled_s is not None:
-        print(f"project  Encoder.embed(mean) compiled {n / compiled_s:8.1f} sentences/s  ({compiled_s:.2f} s; first "
-              f"call {first_call_s:.1f} s with compilation)")
-    parallel_s = best["parallel"]
-    print(f"project  Encoder.embed(mean) parallel_batches={args.parallel_batches} {n / parallel_s:8.1f} sentences/s  "
-          f"({parallel_s:.2f} s)")
-    print(f"sentence-transformers encode       {n / theirs_s:8.1f} sentences/s  ({theirs_s:.2f} s)")
-    print(f"speed-up eager {theirs_s / ours_s:.2f}x; max abs diff of unit embeddings {unit_diff(ours, theirs):.2e}")
-    print(f"speed-up parallel_batches={args.parallel_batches} {theirs_s / parallel_s:.2f}x (goal >= 1.5x); max abs "
-          f"diff of unit embeddings {unit_diff(embeddings['parallel'], theirs):.2e}")
-    if compiled_s is not None:
-        print(f"speed-up compiled {theirs_s / compiled_s:.2f}x; max abs diff of unit embeddings "
-              f"{unit_diff(compiled_embeddings, theirs):.2e}")
+    for name, seconds in best.items():
+        note = f"; first call {first_call_s:.1f} s with compilation" if name == "compiled" else ""
+        print(f"{name:40s} {n / seconds:8.1f} sentences/s  ({seconds:.2f} s{note})")
+    for name in encoders:
+        goal = " (goal >= 1.5x)" if name.endswith("onednn_linears") else ""
+        print(f"speed-up {name} {best['sentence-transformers'] / best[name]:.2f}x{goal}; max abs diff of unit "
+              f"embeddings {unit_diff(embeddings[name], theirs):.2e}")
 
 
 def unit_diff(ours: np.ndarray, theirs: np.ndarray) -> float:

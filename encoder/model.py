@@ -37,6 +37,7 @@ from promptemb.encoder.loading import (
     resolve_device,
     resolve_model_path,
 )
+from promptemb.encoder.onednn import pack_linears
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 from promptemb.encoder.pooling import Needs, Pooler
 from promptemb.encoder.template import Template
@@ -145,6 +146,7 @@ class Encoder:
         compile: bool = False,
         autocast: Autocast = "none",
         parallel_batches: AtLeastOne = 1,
+        onednn_linears: bool = False,
     ):
         """`device_map` (e.g. "auto") and `quantization` ("4bit", CUDA only) are passed to `from_pretrained` for
         models too big for one device; `padding_side` applies to decoders (results do not depend on it).
@@ -153,7 +155,9 @@ class Encoder:
         run faster (docs/benchmarks.md: worth it for large corpora); refused here when Inductor cannot run on
         this machine. `autocast`: the forwards under bf16 autocast (`bf16`, or `auto`: on CUDA only),
         pooling and similarities in float32. `parallel_batches`: on the CPU, encode that many batches at once
-        (threads sharing the torch threads; encoders only)."""
+        (threads sharing the torch threads; encoders only). `onednn_linears`: on the CPU, the transformer's linears
+        multiply with weights pre-packed for oneDNN (encoder/onednn.py: ~10% faster, equal to float rounding;
+        float32 encoders, not with `compile`)."""
         path = resolve_model_path(name_or_path)
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
@@ -166,6 +170,12 @@ class Encoder:
             if parallel_batches > 1:
                 raise ConfigError("backbone.compile=true runs batches one at a time (compilation is not thread-safe); "
                                   "use backbone.parallel_batches=1 with it")
+            if onednn_linears:
+                raise ConfigError("backbone.compile=true packs the linears itself (Inductor's freezing); use "
+                                  "backbone.onednn_linears=false with it")
+        if onednn_linears and dtype != "float32":
+            raise ConfigError(f"backbone.onednn_linears=true packs float32 weights; the model is loaded as {dtype}: "
+                              "use backbone.dtype=float32 or backbone.onednn_linears=false")
         placement = {} if device_map is None else {"device_map": device_map}
         tokenizer, model, loading = load_pretrained(
             name_or_path, mlm_head=mlm_head, revision=revision, dtype=DTYPES[dtype],
@@ -177,8 +187,9 @@ class Encoder:
         self._setup(model.base_model if mlm_head else model, tokenizer, name_or_path=name_or_path, path=path,
                     device=device, batch_size=batch_size, max_length=max_length, dtype=dtype,
                     attentions=attentions, mlm_head=head, progress=progress, padding_side=padding_side,
-                    autocast=autocast, parallel_batches=parallel_batches)
+                    autocast=autocast)
         self.model = (model if device_map is not None or quantization else model.to(self.device)).eval()
+        self.use_cpu_options(parallel_batches, onednn_linears)
         if compile:  # in place: parameter names, hooks and `self.model`'s view of the weights stay as they are
             self.transformer.compile(dynamic=True, options={"freezing": True})
 
@@ -211,7 +222,7 @@ class Encoder:
 
     def _setup(self, transformer, tokenizer, *, name_or_path, path, device, batch_size, max_length, dtype,
                attentions, mlm_head, progress, input_embedder=None, padding_side="right",
-               autocast="none", parallel_batches=1) -> None:
+               autocast="none") -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.name_or_path = name_or_path
@@ -237,9 +248,21 @@ class Encoder:
         self.is_decoder = is_causal_lm(transformer.config)
         self.padding_side = padding_side
         self.autocast = resolve_autocast(autocast, self.device, dtype)
+        self.parallel_batches = 1
+        #: linears replaced by oneDNN's packed ones (0 = none): recorded with every score
+        self.onednn_linears = 0
+
+    def use_cpu_options(self, parallel_batches: int = 1, onednn_linears: bool = False) -> None:
+        """The CPU speed options of a frozen encoder (see `__init__`; evaluate.py also sets them on a trained model
+        it opened). Both are no-ops off the CPU; `onednn_linears` packs the weights as they are now."""
         if parallel_batches < 1:
             raise ConfigError(f"parallel_batches must be >= 1, got {parallel_batches}")
         self.parallel_batches = int(parallel_batches)
+        if onednn_linears and self.is_decoder:
+            raise ConfigError("backbone.onednn_linears=true is for encoders; the decoder prompt methods hook into "
+                              "the model's linears: use backbone.onednn_linears=false")
+        if onednn_linears and self.device.type == "cpu" and not self.onednn_linears:
+            self.onednn_linears = pack_linears(self.transformer, "backbone.onednn_linears")
 
     def describe(self) -> dict:
         return {
@@ -253,6 +276,7 @@ class Encoder:
             "dtype": self.dtype,
             "attention": "eager" if self.attentions else "sdpa",
             "autocast": "bf16" if self.autocast is not None else "none",
+            "linear_kernels": "onednn_packed" if self.onednn_linears else "default",
             "decoder": self.is_decoder,
             **({"padding_side": self.padding_side} if self.is_decoder else {}),
         }

@@ -63,6 +63,7 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
         compile=bool(model.get("compile", False)),
         autocast=str(model.get("autocast", "auto")),
         parallel_batches=int(model.get("parallel_batches", 1)),
+        onednn_linears=bool(model.get("onednn_linears", False)),
     )
 
 
@@ -91,6 +92,8 @@ def open_scoring(cfg: DictConfig, poolers: list) -> Scoring:
     build_template(cfg)  # the sentence rule is checked as for any model
     check_input_form(trained, cfg.template.text, str(cfg.template.sentence_rule), cfg.max_sentence_tokens)
     trained.encoder.progress = bool(cfg.progress)
+    trained.encoder.use_cpu_options(int(cfg.backbone.get("parallel_batches", 1)),
+                                    bool(cfg.backbone.get("onednn_linears", False)))
     if trained.source.get("weights_verified") is False:
         log.warning("scoring an UNVERIFIED model (allow_unverified_weights=true): %s", trained.source["weights_note"])
     log.info("scoring %s %s with its own template %r and poolers %s", trained.source["kind"], name_or_path,

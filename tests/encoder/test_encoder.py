@@ -154,6 +154,65 @@ def test_parallel_batches_on_the_cpu_embed_what_one_batch_at_a_time_embeds(tiny_
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
 
 
+def test_packed_linear_is_the_plain_linear():
+    """oneDNN's packed product against `x W^T + b` written out, for 2-D and 3-D inputs, with and without a bias."""
+    from promptemb.encoder.onednn import PackedLinear
+
+    generator = torch.Generator().manual_seed(0)
+    for bias in (True, False):
+        linear = torch.nn.Linear(24, 40, bias=bias)
+        packed = PackedLinear(linear)
+        for shape in ((7, 24), (3, 5, 24)):
+            x = torch.randn(*shape, generator=generator)
+            expected = x @ linear.weight.detach().T + (linear.bias.detach() if bias else 0)
+            torch.testing.assert_close(packed(x).detach(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_onednn_linears_embed_what_plain_linears_embed(tiny_bert):
+    """`onednn_linears=True`: every linear of the transformer packed (none left), recorded in `describe()`; every
+    pooler's embeddings equal the plain encoder's to float rounding, also with parallel batches and eager attention;
+    a trained model opened from memory gets the same option through `use_cpu_options`."""
+    from promptemb.encoder.onednn import PackedLinear
+    from promptemb.encoder.template import Template
+    from promptemb.poolers import build_poolers
+
+    sentences = [" ".join(["word"] * n) + f" {n}" for n in (5, 1, 3, 9, 12, 2, 30)]
+    poolers = build_poolers(["mean", "cls", "mask", "first_last"])
+    template = Template('This sentence : "[X]" means [MASK] .')
+    plain = Encoder(str(tiny_bert), device="cpu", batch_size=3, progress=False, attentions=True)
+    linears = sum(type(m) is torch.nn.Linear for m in plain.transformer.modules())
+    expected = plain.embed(sentences, poolers, template)
+    for options in ({}, {"parallel_batches": 2}):
+        packed = Encoder(str(tiny_bert), device="cpu", batch_size=3, progress=False, attentions=True,
+                         onednn_linears=True, **options)
+        assert packed.onednn_linears == linears > 0
+        assert not any(type(m) is torch.nn.Linear for m in packed.transformer.modules())
+        assert sum(type(m) is PackedLinear for m in packed.transformer.modules()) == linears
+        assert packed.describe()["linear_kernels"] == "onednn_packed" != plain.describe()["linear_kernels"]
+        got = packed.embed(sentences, poolers, template)
+        for name in expected:
+            np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-5)
+    in_memory = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), plain.tokenizer, name="trained",
+                                   batch_size=3)
+    in_memory.use_cpu_options(parallel_batches=2, onednn_linears=True)
+    assert (in_memory.onednn_linears, in_memory.parallel_batches) == (linears, 2)
+    np.testing.assert_allclose(in_memory.embed(sentences, poolers[:1])["mean"], expected["mean"], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
+    from tests.decoder_helpers import save_tiny_decoder
+
+    with pytest.raises(ConfigError, match=r"^backbone\.compile=true packs the linears itself .* "
+                                          r"backbone\.onednn_linears=false with it$"):
+        Encoder(str(tiny_bert), device="cpu", compile=True, onednn_linears=True)
+    with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true packs float32 weights; the model is "
+                                          r"loaded as bfloat16"):
+        Encoder(str(tiny_bert), device="cpu", dtype="bfloat16", onednn_linears=True)
+    with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true is for encoders"):
+        Encoder(str(save_tiny_decoder(tmp_path / "llama", "llama")), device="cpu", onednn_linears=True)
+
+
 def test_parallel_batches_out_of_range_or_with_compile_is_refused(tiny_bert):
     with pytest.raises(ConfigError, match=r"^parallel_batches must be >= 1, got 0$"):
         Encoder(str(tiny_bert), device="cpu", parallel_batches=0)
