@@ -35,6 +35,7 @@ from promptemb.data.root import resolve_data_root
 from promptemb.data.sampling import DataPosition, EpochSampler
 from promptemb.data.training_corpora import (
     HELD_OUT_TASKS,
+    check_nli_header,
     held_out_sentences,
     normalise_for_matching,
     read_nli_csv,
@@ -49,6 +50,13 @@ warnings.filterwarnings("ignore", message="You're resuming from a checkpoint tha
 
 def _keep_batch(batch):
     return batch
+
+
+def local_corpus_path(name: str, data_root: str | None) -> Path:
+    """The one path rule of a local corpus: an absolute path as given, a relative one under the data root (never the
+    current directory: a same-named file there must not silently replace the configured corpus)."""
+    path = Path(name).expanduser()
+    return path if path.is_absolute() else resolve_data_root(data_root) / path
 
 
 #: Loader workers per process when `num_workers: auto` and the trainer runs on an accelerator (0 on a CPU trainer,
@@ -107,15 +115,34 @@ class _StringDataModule(pl.LightningDataModule):
         return self.batch_size // world
 
     def resolve(self, name: str) -> Path:
-        """A corpus path. One rule: an absolute path is used as given; a relative path is relative to the data root,
-        never to the current directory (a same-named file there must not silently replace the configured corpus);
-        when `download` names a source, the relative name is that source's file, fetched (cached)."""
+        """A corpus path (`local_corpus_path`); when `download` names a source, a relative name is that source's
+        file, fetched (cached)."""
         path = Path(name).expanduser()
-        if path.is_absolute():
-            return path
-        if self.download:
+        if self.download and not path.is_absolute():
             return fetch(load_source(self.download), self.cache_dir)
-        return resolve_data_root(self.data_root) / path
+        return local_corpus_path(name, self.data_root)
+
+    #: The config keys naming corpus files (a list or one name), checked by `check_files`.
+    file_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def check_files(cls, settings: dict) -> None:
+        """A config node's local corpus files exist and are readable as this module reads them, checked without
+        building the module (train.py's config check); a `download` source is fetched when the run starts."""
+        if settings.get("download"):
+            return
+        for key in cls.file_keys:
+            names = settings.get(key)
+            for name in [names] if isinstance(names, str) else names or ():
+                path = local_corpus_path(name, settings.get("data_root"))
+                if not path.is_file():
+                    raise ConfigError(f"data.{key}: corpus file {path} does not exist (relative paths are relative "
+                                      f"to the data root {resolve_data_root(settings.get('data_root'))})")
+                cls.check_file(path, settings)
+
+    @classmethod
+    def check_file(cls, path: Path, settings: dict) -> None:
+        """What a subclass verifies in an existing corpus file before training (nothing by default)."""
 
     def load(self) -> list:
         raise NotImplementedError
@@ -235,6 +262,8 @@ class TextLinesDataModule(_StringDataModule):
     """Unsupervised sentences, one per line, from local files (relative to the data root) or a download source
     (`download: wiki1m` fetches SimCSE's wiki1m_for_simcse.txt, cached)."""
 
+    file_keys = ("files",)
+
     def __init__(self, files: list[str], batch_size: AtLeastOne = 64, **kwargs):
         super().__init__(batch_size, **kwargs)
         self.files = list(files)
@@ -249,6 +278,13 @@ class TextLinesDataModule(_StringDataModule):
 class TripletDataModule(_StringDataModule):
     """(sentence, entailment, contradiction) triplets: `format: nli_csv` (SimCSE's nli_for_simcse.csv, local or
     `download: nli`) or `format: sick` (triplets built from SICK train, for CPU-scale runs)."""
+
+    file_keys = ("file",)
+
+    @classmethod
+    def check_file(cls, path: Path, settings: dict) -> None:
+        if settings.get("format", "nli_csv") == "nli_csv":
+            check_nli_header(path)
 
     def __init__(self, file: str, format: Literal["nli_csv", "sick"] = "nli_csv", batch_size: AtLeastOne = 64,
                  **kwargs):

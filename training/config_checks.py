@@ -8,12 +8,12 @@ import hashlib
 import json
 from pathlib import Path
 
+from hydra.utils import get_object
 from omegaconf import DictConfig
 from pydantic import BaseModel
 
 from promptemb.common.bounds import AtLeastOne, Seed
 from promptemb.common.errors import ConfigError
-from promptemb.common.instantiate import build
 from promptemb.common.run_folder import nothing_left_on_user_error
 from promptemb.common.validation import (
     check_accelerator,
@@ -23,7 +23,6 @@ from promptemb.common.validation import (
     resolved,
 )
 from promptemb.data.root import resolve_data_root
-from promptemb.data.training_corpora import check_nli_header
 from promptemb.encoder.loading import check_model_source
 from promptemb.encoder.settings import check_backbone, check_template
 from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
@@ -61,7 +60,7 @@ def _check_train(cfg: DictConfig) -> None:
     if isinstance(model.get("model_name_or_path"), str):
         check_model_source(model["model_name_or_path"])
     root = resolve_data_root(container.get("data_root"))
-    check_training_data(cfg, container.get("data") or {}, root)
+    check_training_data(container.get("data") or {}, root)
     check_writable_dir("output_dir", container["output_dir"])
     if container.get("export_dir"):
         check_writable_dir("export_dir", Path(container["export_dir"]).parent)
@@ -76,21 +75,11 @@ def check_train_composition(container: dict) -> None:
     check_backbone(container)
 
 
-def check_training_data(cfg: DictConfig, data: dict, root: Path) -> None:
-    """Local corpus files exist (the datamodule's own path rule) and a supervised csv has its three columns; a
-    `download` source is fetched later, when the run starts."""
-    if not data.get("_target_") or data.get("download"):
-        return
-    datamodule = build(cfg.data)
-    files = data.get("files") or ([data["file"]] if data.get("file") else [])
-    for name in files:
-        path = datamodule.resolve(name)
-        key = "data.files" if "files" in data else "data.file"
-        if not path.is_file():
-            raise ConfigError(f"{key}: corpus file {path} does not exist (relative paths are relative to the data "
-                              f"root {root})")
-        if data.get("format") == "nli_csv":
-            check_nli_header(path)
+def check_training_data(data: dict, root: Path) -> None:
+    """The datamodule's own check of its corpus files, without building it (`check_files`)."""
+    target = get_object(data["_target_"]) if data.get("_target_") else None
+    if hasattr(target, "check_files"):
+        target.check_files({"data_root": str(root), **data})
 
 
 def check_train_config(cfg: DictConfig, remember: bool = False) -> None:
