@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from promptemb.common.bounds import AtLeastOne, TokenLimit
+from promptemb.common.compilation import check_compile_works
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.decoder import (
     PADDING_SIDES,
@@ -117,6 +118,21 @@ class Truncation:
     truncated: np.ndarray  # bool [N]
 
 
+def check_inference_options(dtype: str, compile: bool, parallel_batches: int, onednn_linears: bool) -> None:
+    """The combinations of `Encoder`'s inference options that cannot run, one line each, before any loading."""
+    if parallel_batches < 1:
+        raise ConfigError(f"parallel_batches must be >= 1, got {parallel_batches}")
+    if compile and parallel_batches > 1:
+        raise ConfigError("backbone.compile=true runs batches one at a time (compilation is not thread-safe); use "
+                          "backbone.parallel_batches=1 with it")
+    if compile and onednn_linears:
+        raise ConfigError("backbone.compile=true packs the linears itself (Inductor's freezing); use "
+                          "backbone.onednn_linears=false with it")
+    if onednn_linears and dtype != "float32":
+        raise ConfigError(f"backbone.onednn_linears=true packs float32 weights; the model is loaded as {dtype}: use "
+                          "backbone.dtype=float32 or backbone.onednn_linears=false")
+
+
 class Encoder:
     """A tokenizer + transformer pair that embeds sentences for any set of poolers.
 
@@ -165,17 +181,9 @@ class Encoder:
             raise ConfigError(f"unknown padding_side {padding_side!r}; valid: {', '.join(PADDING_SIDES)}")
         resolve_autocast(autocast, torch.device("cpu"), dtype)  # the value only: the device is known after loading
         check_quantization(quantization)
+        check_inference_options(dtype, compile, parallel_batches, onednn_linears)
         if compile:
             check_backbone_compile(path, revision, device)
-            if parallel_batches > 1:
-                raise ConfigError("backbone.compile=true runs batches one at a time (compilation is not thread-safe); "
-                                  "use backbone.parallel_batches=1 with it")
-            if onednn_linears:
-                raise ConfigError("backbone.compile=true packs the linears itself (Inductor's freezing); use "
-                                  "backbone.onednn_linears=false with it")
-        if onednn_linears and dtype != "float32":
-            raise ConfigError(f"backbone.onednn_linears=true packs float32 weights; the model is loaded as {dtype}: "
-                              "use backbone.dtype=float32 or backbone.onednn_linears=false")
         placement = {} if device_map is None else {"device_map": device_map}
         tokenizer, model, loading = load_pretrained(
             name_or_path, mlm_head=mlm_head, revision=revision, dtype=DTYPES[dtype],
@@ -189,9 +197,8 @@ class Encoder:
                     attentions=attentions, mlm_head=head, progress=progress, padding_side=padding_side,
                     autocast=autocast)
         self.model = (model if device_map is not None or quantization else model.to(self.device)).eval()
-        self.use_cpu_options(parallel_batches, onednn_linears)
-        if compile:  # in place: parameter names, hooks and `self.model`'s view of the weights stay as they are
-            self.transformer.compile(dynamic=True, options={"freezing": True})
+        self.use_inference_options(autocast=autocast, compile=compile, parallel_batches=parallel_batches,
+                                   onednn_linears=onednn_linears)
 
     @classmethod
     def from_model(
@@ -251,18 +258,27 @@ class Encoder:
         self.parallel_batches = 1
         #: linears replaced by oneDNN's packed ones (0 = none): recorded with every score
         self.onednn_linears = 0
+        self.compiled = False
 
-    def use_cpu_options(self, parallel_batches: int = 1, onednn_linears: bool = False) -> None:
-        """The CPU speed options of a frozen encoder (see `__init__`; evaluate.py also sets them on a trained model
-        it opened). Both are no-ops off the CPU; `onednn_linears` packs the weights as they are now."""
-        if parallel_batches < 1:
-            raise ConfigError(f"parallel_batches must be >= 1, got {parallel_batches}")
+    def use_inference_options(self, *, autocast: str = "none", compile: bool = False, parallel_batches: int = 1,
+                              onednn_linears: bool = False) -> None:
+        """How this frozen encoder runs its forwards (see `__init__`); evaluate.py sets the same options on a trained
+        model it opened. None changes what is computed beyond float rounding; `compile` and `onednn_linears` take
+        the weights as they are now (inference only) and are applied once."""
+        check_inference_options(self.dtype, compile, parallel_batches, onednn_linears)
+        if self.is_decoder and (compile or onednn_linears):
+            key = "compile" if compile else "onednn_linears"
+            raise ConfigError(f"backbone.{key}=true is for encoder models; the decoder prompt methods hook into the "
+                              f"model per call: use backbone.{key}=false")
+        if compile:
+            check_compile_works("backbone.compile", self.device.type)
+        self.autocast = resolve_autocast(autocast, self.device, self.dtype)
         self.parallel_batches = int(parallel_batches)
-        if onednn_linears and self.is_decoder:
-            raise ConfigError("backbone.onednn_linears=true is for encoders; the decoder prompt methods hook into "
-                              "the model's linears: use backbone.onednn_linears=false")
         if onednn_linears and self.device.type == "cpu" and not self.onednn_linears:
             self.onednn_linears = pack_linears(self.transformer, "backbone.onednn_linears")
+        if compile and not self.compiled:  # in place: parameter names, hooks and `self.model`'s weights unchanged
+            self.transformer.compile(dynamic=True, options={"freezing": True})
+            self.compiled = True
 
     def describe(self) -> dict:
         return {
@@ -277,6 +293,7 @@ class Encoder:
             "attention": "eager" if self.attentions else "sdpa",
             "autocast": "bf16" if self.autocast is not None else "none",
             "linear_kernels": "onednn_packed" if self.onednn_linears else "default",
+            "compiled": self.compiled,
             "decoder": self.is_decoder,
             **({"padding_side": self.padding_side} if self.is_decoder else {}),
         }

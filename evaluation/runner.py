@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from promptemb.common.errors import ConfigError
@@ -27,7 +28,7 @@ from promptemb.evaluation.report import (
     software_versions,
 )
 from promptemb.evaluation.session import ScoringSession, ScoringSettings
-from promptemb.inference.model_sources import check_input_form, merge_poolers, open_trained_model
+from promptemb.inference.model_sources import check_input_form, merge_poolers, open_trained_model, source_kind
 from promptemb.poolers import build_pooler
 from promptemb.poolers.fitted import CorpusFittedPooler
 
@@ -60,11 +61,31 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
         device_map=model.get("device_map"),
         quantization=model.get("quantization"),
         padding_side=model.get("padding_side", "right"),
-        compile=bool(model.get("compile", False)),
-        autocast=str(model.get("autocast", "auto")),
-        parallel_batches=int(model.get("parallel_batches", 1)),
-        onednn_linears=bool(model.get("onednn_linears", False)),
+        **inference_options(model),
     )
+
+
+def inference_options(backbone: DictConfig) -> dict:
+    """How the encoder runs (`Encoder.use_inference_options`): the same for a pretrained and a trained model."""
+    return {"autocast": str(backbone.get("autocast", "auto")), "compile": bool(backbone.get("compile", False)),
+            "parallel_batches": int(backbone.get("parallel_batches", 1)),
+            "onednn_linears": bool(backbone.get("onednn_linears", False))}
+
+
+#: `backbone` keys a trained model takes from its own record: it is scored as it was trained or exported.
+KEPT_BY_TRAINED_MODELS = ("max_length", "dtype", "revision", "padding_side", "device_map", "quantization")
+
+
+def check_backbone_overrides(kind: str) -> None:
+    """One line for a `backbone.*` override on the command line that a trained model would ignore."""
+    if not HydraConfig.initialized():  # called from Python: no command line to hold to account
+        return
+    for override in HydraConfig.get().overrides.task:
+        key = override.lstrip("+~").split("=", 1)[0]
+        group, _, leaf = key.partition(".")
+        if group == "backbone" and leaf in KEPT_BY_TRAINED_MODELS:
+            raise ConfigError(f"{key}= does not apply to a trained model ({kind}): it is scored with the {leaf} it "
+                              f"was trained or exported with; drop {key}=")
 
 
 @dataclass
@@ -83,6 +104,8 @@ def open_scoring(cfg: DictConfig, poolers: list) -> Scoring:
     """A trained model (checkpoint, run folder, export) with its own poolers and recorded input form, then the
     configured `poolers` not already among them; a pretrained model with the configured template and poolers."""
     name_or_path = str(cfg.backbone.name_or_path)
+    if (kind := source_kind(name_or_path)) != "pretrained":
+        check_backbone_overrides(kind)
     trained = open_trained_model(name_or_path, device=cfg.backbone.device, batch_size=int(cfg.backbone.batch_size),
                                  attentions=combine_needs(poolers).attentions,
                                  verify_weights=not cfg.get("allow_unverified_weights", False))
@@ -92,8 +115,7 @@ def open_scoring(cfg: DictConfig, poolers: list) -> Scoring:
     build_template(cfg)  # the sentence rule is checked as for any model
     check_input_form(trained, cfg.template.text, str(cfg.template.sentence_rule), cfg.max_sentence_tokens)
     trained.encoder.progress = bool(cfg.progress)
-    trained.encoder.use_cpu_options(int(cfg.backbone.get("parallel_batches", 1)),
-                                    bool(cfg.backbone.get("onednn_linears", False)))
+    trained.encoder.use_inference_options(**inference_options(cfg.backbone))
     if trained.source.get("weights_verified") is False:
         log.warning("scoring an UNVERIFIED model (allow_unverified_weights=true): %s", trained.source["weights_note"])
     log.info("scoring %s %s with its own template %r and poolers %s", trained.source["kind"], name_or_path,

@@ -171,7 +171,7 @@ def test_packed_linear_is_the_plain_linear():
 def test_onednn_linears_embed_what_plain_linears_embed(tiny_bert):
     """`onednn_linears=True`: every linear of the transformer packed (none left), recorded in `describe()`; every
     pooler's embeddings equal the plain encoder's to float rounding, also with parallel batches and eager attention;
-    a trained model opened from memory gets the same option through `use_cpu_options`."""
+    a trained model opened from memory gets the same option through `use_inference_options`."""
     from promptemb.encoder.onednn import PackedLinear
     from promptemb.encoder.template import Template
     from promptemb.poolers import build_poolers
@@ -194,10 +194,32 @@ def test_onednn_linears_embed_what_plain_linears_embed(tiny_bert):
             np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-5)
     in_memory = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), plain.tokenizer, name="trained",
                                    batch_size=3)
-    in_memory.use_cpu_options(parallel_batches=2, onednn_linears=True)
+    in_memory.use_inference_options(parallel_batches=2, onednn_linears=True)
     assert (in_memory.onednn_linears, in_memory.parallel_batches) == (linears, 2)
     np.testing.assert_allclose(in_memory.embed(sentences, poolers[:1])["mean"], expected["mean"], rtol=1e-5,
                                atol=1e-5)
+
+
+def test_inference_options_on_a_model_opened_from_memory(tiny_bert, tmp_path, monkeypatch):
+    """evaluate.py's trained models get `backbone.*` inference options through `use_inference_options`: autocast
+    resolved for the device, the transformer compiled once (torch.compile itself stubbed: its cost is not the point),
+    and the decoder and combination refusals of `Encoder(...)`."""
+    from tests.decoder_helpers import save_tiny_decoder
+
+    tokenizer = Encoder(str(tiny_bert), device="cpu", progress=False).tokenizer
+    encoder = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), tokenizer, name="trained")
+    compiled = []
+    monkeypatch.setattr(encoder.transformer, "compile", lambda **kwargs: compiled.append(kwargs))
+    encoder.use_inference_options(autocast="bf16", compile=True)
+    encoder.use_inference_options(autocast="bf16", compile=True)
+    assert encoder.autocast == torch.bfloat16 and compiled == [{"dynamic": True, "options": {"freezing": True}}]
+    assert encoder.describe()["compiled"] and encoder.describe()["autocast"] == "bf16"
+    with pytest.raises(ConfigError, match=r"^backbone\.compile=true runs batches one at a time"):
+        encoder.use_inference_options(compile=True, parallel_batches=2)
+    path = save_tiny_decoder(tmp_path / "llama", "llama")
+    decoder = Encoder(str(path), device="cpu", progress=False)
+    with pytest.raises(ConfigError, match=r"^backbone\.compile=true is for encoder models"):
+        decoder.use_inference_options(compile=True)
 
 
 def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
@@ -209,7 +231,7 @@ def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
     with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true packs float32 weights; the model is "
                                           r"loaded as bfloat16"):
         Encoder(str(tiny_bert), device="cpu", dtype="bfloat16", onednn_linears=True)
-    with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true is for encoders"):
+    with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true is for encoder models"):
         Encoder(str(save_tiny_decoder(tmp_path / "llama", "llama")), device="cpu", onednn_linears=True)
 
 

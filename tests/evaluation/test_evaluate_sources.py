@@ -118,3 +118,26 @@ def test_encode_mode_on_an_export_uses_its_pooler(optiprompt_run, real_data_root
     expected = load_encoder(export, device="cpu").encode(lines)
     assert np.abs(embeddings - expected).max() <= 1e-6
     assert np.array_equal(np.load(tmp_path / "out.npy"), embeddings)
+
+
+def test_a_backbone_key_a_trained_model_keeps_is_one_line_error(optiprompt_run, real_data_root, tmp_path):
+    """A trained model keeps the token limit, dtype, revision and padding it was trained with: an explicit override
+    of one is refused before the model is opened, instead of being accepted and ignored."""
+    out = tmp_path / "bad"
+    proc = evaluate(f"backbone.name_or_path={optiprompt_run / 'export'}", f"tasks=[{TASK}]", f"output_dir={out}",
+                    "backbone.max_length=64", data_root=real_data_root)
+    assert_one_line_error(proc, r"^error: backbone\.max_length= does not apply to a trained model \(export\): it is "
+                                r"scored with the max_length it was trained or exported with; drop "
+                                r"backbone\.max_length=$", out)
+
+
+def test_a_trained_model_runs_with_the_backbone_inference_options(optiprompt_run, real_data_root, tmp_path):
+    """`backbone.parallel_batches` / `backbone.onednn_linears` apply to a trained model too (they were ignored):
+    recorded in the provenance, the score equal to training's to float rounding."""
+    expected = json.loads((optiprompt_run / "results.json").read_text())["scores"]["mask"][TASK]
+    for model in (optiprompt_run / "export", optiprompt_run):
+        out = tmp_path / model.name
+        results = evaluate_in_process(model, real_data_root, out, "backbone.parallel_batches=2",
+                                      "backbone.onednn_linears=true")
+        assert results["provenance"]["model"]["linear_kernels"] == "onednn_packed"
+        assert results["scores"]["mask"][TASK] == pytest.approx(expected, abs=1e-4)
