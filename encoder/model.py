@@ -118,7 +118,8 @@ class Truncation:
     truncated: np.ndarray  # bool [N]
 
 
-def check_inference_options(dtype: str, compile: bool, parallel_batches: int, onednn_linears: bool) -> None:
+def check_inference_options(dtype: str, compile: bool, parallel_batches: int, onednn_linears: bool,
+                            autocast: str = "none") -> None:
     """The combinations of `Encoder`'s inference options that cannot run, one line each, before any loading."""
     if parallel_batches < 1:
         raise ConfigError(f"parallel_batches must be >= 1, got {parallel_batches}")
@@ -131,6 +132,9 @@ def check_inference_options(dtype: str, compile: bool, parallel_batches: int, on
     if onednn_linears and dtype != "float32":
         raise ConfigError(f"backbone.onednn_linears=true packs float32 weights; the model is loaded as {dtype}: use "
                           "backbone.dtype=float32 or backbone.onednn_linears=false")
+    if onednn_linears and autocast == "bf16":
+        raise ConfigError("backbone.onednn_linears=true multiplies float32 activations; backbone.autocast=bf16 makes "
+                          "them bfloat16: use backbone.autocast=auto or none with it")
 
 
 class Encoder:
@@ -181,7 +185,7 @@ class Encoder:
             raise ConfigError(f"unknown padding_side {padding_side!r}; valid: {', '.join(PADDING_SIDES)}")
         resolve_autocast(autocast, torch.device("cpu"), dtype)  # the value only: the device is known after loading
         check_quantization(quantization)
-        check_inference_options(dtype, compile, parallel_batches, onednn_linears)
+        check_inference_options(dtype, compile, parallel_batches, onednn_linears, autocast)
         if compile:
             check_backbone_compile(path, revision, device)
         placement = {} if device_map is None else {"device_map": device_map}
@@ -265,7 +269,9 @@ class Encoder:
         """How this frozen encoder runs its forwards (see `__init__`); evaluate.py sets the same options on a trained
         model it opened. None changes what is computed beyond float rounding; `compile` and `onednn_linears` take
         the weights as they are now (inference only) and are applied once."""
-        check_inference_options(self.dtype, compile, parallel_batches, onednn_linears)
+        # what an earlier call applied stays applied: the combinations are checked with it
+        check_inference_options(self.dtype, compile or self.compiled, parallel_batches,
+                                onednn_linears or bool(self.onednn_linears), autocast)
         if self.is_decoder and (compile or onednn_linears):
             key = "compile" if compile else "onednn_linears"
             raise ConfigError(f"backbone.{key}=true is for encoder models; the decoder prompt methods hook into the "

@@ -2,8 +2,10 @@
 into oneDNN's blocked layout and multiplied with oneDNN's kernel (`torch.ops.mkldnn._linear_pointwise`, the kernel
 Inductor's freezing pass emits for CPU linears). On the AVX-512 CPU of docs/benchmarks.md it runs ~10% more
 GFLOP/s than MKL's sgemm behind `nn.Linear`; the result is the same product, equal to float rounding (~2e-6 on
-MiniLM's unit embeddings). Inference only: the packed copy does not follow later changes to the weight, so an
-encoder that wraps weights being trained (`Encoder.from_model`) never packs them.
+MiniLM's unit embeddings). Inference only, on the CPU, in float32: the packed copy does not follow later changes
+to the weight and has no gradient, so a packed linear refuses to run where autograd records, and refuses to be
+moved, converted or saved (the weight is an opaque oneDNN tensor, absent from the state dict): load the model again
+without packing for any of that.
 """
 
 from __future__ import annotations
@@ -45,7 +47,18 @@ class PackedLinear(torch.nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            raise RuntimeError("a oneDNN-packed linear (onednn_linears) is for inference: it has no gradient; run "
+                               "it under torch.inference_mode() or load the model without packing to train it")
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def _apply(self, fn, recurse=True):
+        raise ConfigError("a transformer with oneDNN-packed linears (onednn_linears=true) stays on the CPU in "
+                          "float32; load it again without onednn_linears to move or convert it")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        raise ConfigError("a transformer with oneDNN-packed linears (onednn_linears=true) has no plain weights to "
+                          "save; load it again without onednn_linears to save or hash it")
 
 
 def pack_linears(model: torch.nn.Module, where: str) -> int:

@@ -4,6 +4,7 @@ model files and the training data files."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -77,7 +78,9 @@ def check_train_composition(container: dict) -> None:
 
 def check_training_data(data: dict, root: Path) -> None:
     """The datamodule's own check of its corpus files, without building it (`check_files`)."""
-    target = get_object(data["_target_"]) if data.get("_target_") else None
+    target = None
+    with contextlib.suppress(Exception):  # not importable: Hydra reports it when instantiating
+        target = get_object(data["_target_"])
     if hasattr(target, "check_files"):
         target.check_files({"data_root": str(root), **data})
 

@@ -165,7 +165,15 @@ def test_packed_linear_is_the_plain_linear():
         for shape in ((7, 24), (3, 5, 24)):
             x = torch.randn(*shape, generator=generator)
             expected = x @ linear.weight.detach().T + (linear.bias.detach() if bias else 0)
-            torch.testing.assert_close(packed(x).detach(), expected, rtol=1e-5, atol=1e-5)
+            with torch.inference_mode():
+                torch.testing.assert_close(packed(x), expected, rtol=1e-5, atol=1e-5)
+    # no gradient, no moves, no state dict: refused instead of training orphaned weights or saving none
+    with pytest.raises(RuntimeError, match="is for inference: it has no gradient"):
+        packed(torch.randn(2, 24))
+    with pytest.raises(ConfigError, match=r"stays on the CPU in float32; load it again without onednn_linears"):
+        torch.nn.Sequential(packed).to(torch.float64)
+    with pytest.raises(ConfigError, match="has no plain weights to save"):
+        torch.nn.Sequential(packed).state_dict()
 
 
 def test_onednn_linears_embed_what_plain_linears_embed(tiny_bert):
@@ -231,6 +239,12 @@ def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
     with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true packs float32 weights; the model is "
                                           r"loaded as bfloat16"):
         Encoder(str(tiny_bert), device="cpu", dtype="bfloat16", onednn_linears=True)
+    with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true multiplies float32 activations; "
+                                          r"backbone\.autocast=bf16 makes them bfloat16"):
+        Encoder(str(tiny_bert), device="cpu", autocast="bf16", onednn_linears=True)
+    packed = Encoder(str(tiny_bert), device="cpu", onednn_linears=True)
+    with pytest.raises(ConfigError, match=r"^backbone\.compile=true packs the linears itself"):
+        packed.use_inference_options(compile=True)  # a later call keeps what an earlier one applied
     with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true is for encoder models"):
         Encoder(str(save_tiny_decoder(tmp_path / "llama", "llama")), device="cpu", onednn_linears=True)
 
