@@ -90,6 +90,9 @@ def check_run_folder(folder: str | Path, checkpoint: Path | None, overwrite: boo
     holder = lock_holder(folder)
     if holder:
         raise in_use(folder, holder)
+    if overwrite and resumes_into(folder, checkpoint):  # the checkpoint would be deleted before it is read
+        raise ConfigError(f"overwrite=true would delete {checkpoint}, the checkpoint this run resumes from: drop "
+                          "overwrite=true to resume the run, or ckpt_path to replace it with a fresh one")
     if not holds_a_run(folder) or resumes_into(folder, checkpoint) or overwrite:
         return
     last = folder / "checkpoints" / "last.ckpt"

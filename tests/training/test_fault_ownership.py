@@ -33,6 +33,20 @@ def test_fresh_run_into_a_finished_runs_folder_is_refused(finished_run):
     assert snapshot(out) == before
 
 
+@pytest.mark.parametrize("ckpt", ["last", "path"])
+def test_overwrite_while_resuming_the_same_run_is_refused_and_deletes_nothing(finished_run, ckpt):
+    """`overwrite=true` clears the folder before training: with `ckpt_path` naming one of that folder's own
+    checkpoints it would delete what it resumes from (then crash); refused in one line, the folder untouched."""
+    out = finished_run["out"]
+    last = out / "checkpoints" / "last.ckpt"
+    before = snapshot(out)
+    proc = train_py(*finished_run["overrides"], "trainer.max_steps=6", "overwrite=true",
+                    f"ckpt_path={'last' if ckpt == 'last' else last}")
+    assert_one_line_error(proc, error_starting(f"overwrite=true would delete {last}, the checkpoint this run resumes "
+                                               "from: drop overwrite=true to resume the run, or ckpt_path"))
+    assert snapshot(out) == before
+
+
 def test_a_live_runs_lock_refuses_every_other_run_and_goes_with_it(tmp_path):
     folder = tmp_path / "run"
     with run_folder_lock(folder):
