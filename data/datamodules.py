@@ -128,17 +128,26 @@ class _StringDataModule(pl.LightningDataModule):
     @classmethod
     def check_files(cls, settings: dict) -> None:
         """A config node's local corpus files exist and are readable as this module reads them, checked without
-        building the module (train.py's config check); a `download` source is fetched when the run starts."""
+        building the module (train.py's config check); with a `download` source (fetched when the run starts) a
+        relative name must be that source's file, which it stands for."""
+        named = [(key, name) for key in cls.file_keys
+                 for name in ([settings[key]] if isinstance(settings.get(key), str) else settings.get(key) or ())]
         if settings.get("download"):
+            fetched = load_source(settings["download"])["filename"]
+            relative = [name for _, name in named if not Path(name).expanduser().is_absolute()]
+            if len(relative) > 1 or any(Path(name).as_posix() != fetched for name in relative):
+                key = named[0][0]
+                raise ConfigError(f"data.{key}={relative} but data.download={settings['download']} fetches "
+                                  f"{fetched}, which a relative name stands for: set data.download=null to train on "
+                                  f"your own files (relative to the data root), or data.{key} to the one name "
+                                  f"{fetched}")
             return
-        for key in cls.file_keys:
-            names = settings.get(key)
-            for name in [names] if isinstance(names, str) else names or ():
-                path = local_corpus_path(name, settings.get("data_root"))
-                if not path.is_file():
-                    raise ConfigError(f"data.{key}: corpus file {path} does not exist (relative paths are relative "
-                                      f"to the data root {resolve_data_root(settings.get('data_root'))})")
-                cls.check_file(path, settings)
+        for key, name in named:
+            path = local_corpus_path(name, settings.get("data_root"))
+            if not path.is_file():
+                raise ConfigError(f"data.{key}: corpus file {path} does not exist (relative paths are relative to "
+                                  f"the data root {resolve_data_root(settings.get('data_root'))})")
+            cls.check_file(path, settings)
 
     @classmethod
     def check_file(cls, path: Path, settings: dict) -> None:

@@ -41,6 +41,13 @@ def test_missing_corpus_file_is_one_line_under_the_data_root(never_built, real_d
         check_training_data(data, real_data_root)
 
 
-def test_a_download_source_is_not_checked_before_the_run(never_built, real_data_root):
-    check_training_data({"_target_": "promptemb.data.datamodules.TextLinesDataModule", "files": ["wiki1m.txt"],
-                         "download": "wiki1m"}, real_data_root)
+def test_a_download_source_stands_for_its_own_file_only(never_built, real_data_root):
+    """With `download`, a relative name means the fetched file (fetched when the run starts, not here): any other
+    name (`data=wiki1m data.files=[my_corpus.txt]`) would silently train on the download instead; refused."""
+    wiki1m = {"_target_": "promptemb.data.datamodules.TextLinesDataModule", "download": "wiki1m"}
+    check_training_data({**wiki1m, "files": ["wiki1m_for_simcse.txt"]}, real_data_root)
+    for files in (["my_corpus.txt"], ["wiki1m_for_simcse.txt", "wiki1m_for_simcse.txt"]):
+        with pytest.raises(ConfigError, match=r"^data\.files=\[.*\] but data\.download=wiki1m fetches "
+                                              r"wiki1m_for_simcse\.txt, which a relative name stands for: set "
+                                              r"data\.download=null to train on your own files"):
+            check_training_data({**wiki1m, "files": files}, real_data_root)
