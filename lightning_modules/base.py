@@ -76,6 +76,14 @@ class PromptContrastiveModule(pl.LightningModule):
     #: How many templates (views) the recipe trains with: the length of `templates` it accepts.
     template_views: int = 1
 
+    @classmethod
+    def check_config(cls, settings: dict) -> None:
+        """Settings that would be accepted and change nothing, refused before anything loads (train.py's config check
+        runs it on the `model` node)."""
+        if settings.get("freeze_bias") and not settings.get("denoise", True):
+            raise ConfigError("model.freeze_bias=true stops the gradient through the template bias that denoising "
+                              "subtracts; with model.denoise=false there is none: drop model.freeze_bias")
+
     def __init__(
         self,
         model_name_or_path: str,
@@ -99,6 +107,7 @@ class PromptContrastiveModule(pl.LightningModule):
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.optimizer_factory = optimizer or DEFAULT_OPTIMIZER
         self.scheduler_factory = scheduler or DEFAULT_SCHEDULER
+        type(self).check_config({"denoise": denoise, "freeze_bias": freeze_bias})
         name = type(self).__name__
         if len(templates) != self.template_views or not all(isinstance(text, str) for text in templates):
             raise ConfigError(f"{name} trains with {self.template_views} template(s), got {list(templates)!r}")

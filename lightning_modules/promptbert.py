@@ -51,11 +51,15 @@ class PromptBERTSup(PromptContrastiveModule):
     too)."""
 
     def __init__(self, model_name_or_path: str, templates: list[str] = BERT_TEMPLATES[1:],
-                 head_type: SupervisedHead = "mlm_transform", **kwargs):
+                 head_type: SupervisedHead = "mlm_transform", denoise: Literal[True] = True, **kwargs):
+        """`denoise` is always on: the recipe's pooler denoises in training and evaluation (the type refuses
+        false)."""
         if head_type not in SUPERVISED_HEADS:
             raise ConfigError(f"unknown head_type {head_type!r}; valid: {', '.join(SUPERVISED_HEADS)}")
+        if denoise is not True:
+            raise ConfigError("PromptBERTSup always denoises its [MASK] representation; drop model.denoise=false")
         kwargs.setdefault("load_mlm_head", head_type == "mlm_transform")
-        super().__init__(model_name_or_path, list(templates), **kwargs)
+        super().__init__(model_name_or_path, list(templates), denoise=True, **kwargs)
         config = self.transformer.config
         if head_type == "tanh_mlp":
             self.head = MLPHead(config.hidden_size, init_std=getattr(config, "initializer_range", 0.02))

@@ -58,6 +58,8 @@ def _check_train(cfg: DictConfig) -> None:
     check_compile(bool(trainer.get("compile")), trainer.get("accelerator"))
     model = container.get("model") or {}
     check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
+    if hasattr(recipe := owner_of(model), "check_config"):
+        recipe.check_config(model)
     if isinstance(model.get("model_name_or_path"), str):
         check_model_source(model["model_name_or_path"])
     root = resolve_data_root(container.get("data_root"))
@@ -76,12 +78,17 @@ def check_train_composition(container: dict) -> None:
     check_backbone(container)
 
 
+def owner_of(node: dict):
+    """The class or function a config node's `_target_` names; None when it names none (Hydra reports an
+    unimportable one when instantiating)."""
+    with contextlib.suppress(Exception):
+        return get_object(node["_target_"])
+    return None
+
+
 def check_training_data(data: dict, root: Path) -> None:
     """The datamodule's own check of its corpus files, without building it (`check_files`)."""
-    target = None
-    with contextlib.suppress(Exception):  # not importable: Hydra reports it when instantiating
-        target = get_object(data["_target_"])
-    if hasattr(target, "check_files"):
+    if hasattr(target := owner_of(data), "check_files"):
         target.check_files({"data_root": str(root), **data})
 
 

@@ -186,6 +186,24 @@ def test_every_key_class_is_checked_before_loading(override, message, tiny_bert,
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["experiment=quickstart_unsup", "model.denoise=false", "model.freeze_bias=true"],
+     "model.freeze_bias=true stops the gradient through the template bias that denoising subtracts; with "
+     "model.denoise=false there is none: drop model.freeze_bias"),
+    (["experiment=quickstart_sup", "model.denoise=false"],
+     "model.denoise=False is not valid: denoise must be one of True"),
+])
+def test_recipe_settings_that_would_change_nothing_are_refused(overrides, message, tiny_bert, real_data_root,
+                                                               tmp_path):
+    """A recipe setting accepted and then without effect (no template bias to freeze without denoising; the
+    supervised recipe always denoises) is refused by the config check, before the recipe is built."""
+    cfg = compose_train([*overrides, f"backbone.name_or_path={tiny_bert}", f"data_root={real_data_root}",
+                         f"output_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        check_train_config(cfg)
+    assert not (tmp_path / "run").exists()
+
+
 def test_published_and_quickstart_recipes_pass_the_checks(tiny_bert, real_data_root, tmp_path):
     for name in ("promptbert_unsup", "promptbert_sup", "optiprompt", "quickstart_unsup", "quickstart_sup",
                  "quickstart_optiprompt"):
