@@ -88,7 +88,8 @@ def check_evaluate_config(cfg: DictConfig) -> None:
 #: Keys only one mode reads, and the key the other mode reads instead (None: nothing corresponds).
 MODE_ONLY_KEYS = {
     "encode": {"pooler": "poolers=[NAME]", "input": None, "output": None},
-    "score": {"poolers": "pooler=NAME", "post": None, "tasks": None},
+    "score": {"poolers": "pooler=NAME", "post": None, "post_args": None, "tasks": None, "analysis": None,
+              "transfer_args": None, "clustering_args": None},
 }
 
 
@@ -104,6 +105,7 @@ def check_mode_keys(default_mode: str) -> Callable[[list[str]], None]:
             if other_mode == mode:
                 continue
             for _, key, _ in overrides:
+                key = key.split(".", 1)[0]  # `+transfer_args.batch_size=...` is a transfer_args key
                 if key in keys:
                     instead = f"; in {mode} mode write {keys[key]}" if keys[key] else ""
                     raise ConfigError(f"{key}= is read in {other_mode} mode only and this is {mode} mode (it "

@@ -63,6 +63,9 @@ def test_non_finite_numbers_fail_even_where_no_range_is_declared():
     ("evaluate", ["input=a.txt"], r"^input= is read in encode mode only"),
     ("evaluate", ["mode=encode", "poolers=[mask]"], r"^poolers= is read in score mode only .* write pooler=NAME$"),
     ("encode", ["poolers=[mask]"], r"^poolers= is read in score mode only"),
+    ("evaluate", ["mode=encode", "+transfer_args.batch_size=8"], r"^transfer_args= is read in score mode only and "
+                                                                 r"this is encode mode \(it would be ignored\)$"),
+    ("encode", ["analysis=true"], r"^analysis= is read in score mode only"),
     ("train", ["backbone.max_length=8"], r"^train\.py does not read backbone\.max_length .*set "
                                          r"\+model\.max_length=N"),
     ("train", ["backbone.dtype=bfloat16"], r"^train\.py does not read backbone\.dtype .*trainer\.precision"),
