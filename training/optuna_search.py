@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from promptemb.common.errors import ConfigError
 from promptemb.common.io import atomic_write_json
 from promptemb.common.optional import require
+from promptemb.common.run_folder import nothing_left_on_user_error
 from promptemb.training.run_dirs import STUDY_TRIAL_OVERRIDES
 from promptemb.training.trials import (
     COMPLETED,
@@ -72,6 +73,15 @@ def check_keys(cfg: DictConfig, keys: list[str]) -> None:
         raise ConfigError(f"hparams_search.params: {', '.join(missing)} is not a key of train.py's config")
 
 
+def check_not_searched(overrides: list[str], searched: list[str]) -> None:
+    """A command-line value for a key the study searches would be replaced in every trial: refused in one line."""
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in {name.lstrip("+") for name in searched}:
+            raise ConfigError(f"{key}= is searched by hparams_search (hparams_search.params.{key}): every trial sets "
+                              f"its own value; drop it from the command line, or the key from hparams_search.params")
+
+
 def override_value(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
@@ -85,9 +95,12 @@ def run_study(cfg: DictConfig, objective: Callable[[DictConfig], float | None]) 
 
     search = cfg.hparams_search
     space = search_space(OmegaConf.to_container(search.params, resolve=True))
-    check_keys(cfg, list(space))
-    if int(search.n_trials) < 1:
-        raise ConfigError(f"hparams_search.n_trials must be >= 1, got {search.n_trials}")
+    base = [o for o in task_overrides() if not o.lstrip("+~").startswith(("hparams_search", "output_dir="))]
+    with nothing_left_on_user_error():  # a refused study leaves no folder behind
+        check_keys(cfg, list(space))
+        check_not_searched(base, list(space))
+        if int(search.n_trials) < 1:
+            raise ConfigError(f"hparams_search.n_trials must be >= 1, got {search.n_trials}")
     study_dir = Path(cfg.output_dir)
     sampler = instantiate(search.sampler) if search.get("sampler") else None
     study = optuna.create_study(study_name=search.get("study_name"), direction=search.direction, sampler=sampler,

@@ -20,6 +20,7 @@ from promptemb.training.command_line import check_experiment_overrides, check_tr
 from promptemb.training.trainer import Trainer
 from tests.faults import listing, run_entry
 from tests.helpers import assert_one_line_error
+from tests.run_faults import fast_overrides, train_py
 
 ENTRY_CHECKS = {"train": (check_experiment_overrides, check_train_only_keys), "evaluate": (check_mode_keys("score"),),
                 "encode": (check_mode_keys("encode"),), "export": ()}
@@ -103,3 +104,13 @@ def test_entry_points_exit_2_with_one_line_and_leave_nothing(script, argv, patte
     proc = run_entry(script, *argv, *extra, data_root=real_data_root, cwd=tmp_path)
     assert_one_line_error(proc, pattern)
     assert listing(tmp_path) == []
+
+
+def test_a_key_the_optuna_study_searches_is_refused_on_the_command_line(tiny_bert, real_data_root, tmp_path):
+    """Every trial sets its own value of a searched key: `optimizer.lr=1e-3` beside `hparams_search=` would be
+    accepted and replaced in each trial; refused in one line before the first trial."""
+    out = tmp_path / "study"
+    proc = train_py(*fast_overrides(tiny_bert, real_data_root, out), "hparams_search=quickstart_optuna")
+    assert_one_line_error(proc, r"^error: optimizer\.lr= is searched by hparams_search "
+                                r"\(hparams_search\.params\.optimizer\.lr\): every trial sets its own value; drop it "
+                                r"from the command line, or the key from hparams_search\.params$", out)
