@@ -67,6 +67,11 @@ def expand_parts(poolers: Sequence[Pooler]) -> list[Pooler]:
     return [part for pooler in poolers for part in (pooler.parts() or [pooler])]
 
 
+def reads_run_template(pooler: Pooler) -> bool:
+    """Whether a pooler runs on the caller's template (not on the plain sentence, not on a method's own form)."""
+    return pooler.input_form() is None and (pooler.needs.templated or pooler.needs.template_bias)
+
+
 @contextlib.contextmanager
 def attention_implementation(transformer: torch.nn.Module, wanted: str | None) -> Iterator[None]:
     """Run the block with `transformer` switched to attention implementation `wanted` (e.g. "eager" so a training
@@ -384,8 +389,8 @@ class Encoder:
             if own is not None:
                 by_form[replace(own, max_sentence_tokens=max_sentence_tokens)].append(pooler)
                 continue
-            templated = pooler.needs.templated or pooler.needs.template_bias
-            by_form[InputForm(template if templated else None, sentence_rule, max_sentence_tokens)].append(pooler)
+            by_form[InputForm(template if reads_run_template(pooler) else None, sentence_rule,
+                              max_sentence_tokens)].append(pooler)
         embeddings: dict[str, np.ndarray] = {}
         self.truncation = {}
         for form, form_poolers in by_form.items():

@@ -19,7 +19,7 @@ from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.readers import read_sentences
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, load_registry
-from promptemb.encoder.model import Encoder, combine_needs
+from promptemb.encoder.model import Encoder, combine_needs, expand_parts, reads_run_template
 from promptemb.encoder.template import SENTENCE_RULES, Template
 from promptemb.evaluation.config_checks import check_evaluate_config
 from promptemb.evaluation.report import (
@@ -42,6 +42,18 @@ def build_template(cfg: DictConfig) -> Template | None:
     if rule not in SENTENCE_RULES:
         raise ConfigError(f"unknown template.sentence_rule {rule!r}; valid: {', '.join(SENTENCE_RULES)}")
     return Template(str(cfg.template.text)) if cfg.template.text else None
+
+
+def check_template_is_read(template: Template | None, sentence_rule: str, poolers) -> None:
+    """A template (or a sentence rule) that no pooler reads would be recorded with every score and change none."""
+    if template is None and sentence_rule != "none":
+        raise ConfigError(f"template.sentence_rule={sentence_rule} applies to a templated input and no template is "
+                          "set: set template=NAME or template.text=..., or drop the rule")
+    if template is not None and not any(reads_run_template(p) for p in expand_parts(poolers)):
+        names = ",".join(pooler.name for pooler in poolers)
+        raise ConfigError(f"template.text is read by none of poolers=[{names}] (they run on the plain sentence or "
+                          "their own template): add a pooler that reads it, such as mask or avg, or drop the "
+                          "template")
 
 
 def build_encoder(cfg: DictConfig, poolers) -> Encoder:
@@ -110,7 +122,9 @@ def open_scoring(cfg: DictConfig, poolers: list) -> Scoring:
                                  attentions=combine_needs(poolers).attentions,
                                  verify_weights=not cfg.get("allow_unverified_weights", False))
     if trained is None:
-        return Scoring(build_encoder(cfg, poolers), poolers, build_template(cfg), str(cfg.template.sentence_rule),
+        template = build_template(cfg)
+        check_template_is_read(template, str(cfg.template.sentence_rule), poolers)
+        return Scoring(build_encoder(cfg, poolers), poolers, template, str(cfg.template.sentence_rule),
                        cfg.max_sentence_tokens)
     build_template(cfg)  # the sentence rule is checked as for any model
     check_input_form(trained, cfg.template.text, str(cfg.template.sentence_rule), cfg.max_sentence_tokens)

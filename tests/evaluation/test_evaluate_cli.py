@@ -176,7 +176,13 @@ def test_weighted_poolers_and_post_processors_from_the_cli(mini_data, tiny_bert,
     [(["poolers=[ditto]", "+pooler_args.ditto.head=4"], r"ditto layer 0 / head 4 is out of range"),
      (["post=[zscore]", "fit_corpus=W"], r"fit corpus 'W': file .*wiki1m_for_simcse\S* does not exist"),
      (["post=[zscore]", "fit_corpus=wiki"], r"unknown fit corpus 'wiki'"),
-     (["post=[pca]"], r"unknown post-processor 'pca'; valid: quantile_u, zscore, whiten, abtt, normalize")],
+     (["post=[pca]"], r"unknown post-processor 'pca'; valid: quantile_u, zscore, whiten, abtt, normalize"),
+     # a template or sentence rule that no pooler reads would be recorded with the scores and change none of them
+     (["poolers=[mean,cls]", "template=promptbert_bert"], r"^error: template\.text is read by none of "
+                                                          r"poolers=\[mean,cls\] \(they run on the plain sentence "
+                                                          r"or their own template\): add a pooler that reads it"),
+     (["poolers=[mean]", "template.sentence_rule=append_period"],
+      r"^error: template\.sentence_rule=append_period applies to a templated input and no template is set")],
 )
 def test_pooler_and_post_errors(overrides, pattern, mini_data, tiny_bert, tmp_path):
     root, registry = mini_data
