@@ -44,12 +44,20 @@ def check_sources(cfg: DictConfig) -> None:
     if cfg.ckpt and cfg.pretrained:
         raise ConfigError("pass ckpt=PATH (a trained checkpoint) or pretrained=NAME_OR_PATH (a plain model), not "
                           "both")
+    if OmegaConf.select(cfg, "template.second_text") is not None:
+        raise ConfigError("template.second_text= is a second training view; an export has one template: use a single "
+                          "template (template=NAME without _pair, or template.second_text=null)")
+    if cfg.denoise and cfg.pooler == "avg":
+        raise ConfigError("denoise=true subtracts the template bias from the [MASK] state; pooler=avg does not pool "
+                          "it: drop denoise=")
     if cfg.pretrained:
         given = [key for key in ("adapter", "denoise", "base_model") if cfg.get(key) is not None]
         if given:
             raise ConfigError(f"{given[0]}= applies to ckpt= exports, not to a plain pretrained= model; drop it")
     else:
         given = [key for key in PLAIN_MODEL_KEYS if OmegaConf.select(cfg, key) is not None]
+        if OmegaConf.select(cfg, "template.sentence_rule") not in (None, "none"):
+            given.append("template.sentence_rule")
         if given:
             raise ConfigError(f"{given[0]}= applies to a plain pretrained= export; a checkpoint exports the "
                               "template, layer and lengths it was trained and scored with: drop it")

@@ -219,6 +219,12 @@ def test_export_cli_refuses_bad_combinations_in_one_line(tiny_bert, decoders, tm
         ([f"ckpt={plain}", "layer=-2"], "layer= applies to a plain pretrained= export"),
         ([f"ckpt={plain}", "template=prompteol"], "template.text= applies to a plain pretrained= export"),
         ([f"ckpt={plain}", f"pretrained={decoders['llama']}"], "not both"),
+        # options an export would accept and not use: a second view, a checkpoint's recorded rule, avg denoised
+        ([f"ckpt={plain}", "template.sentence_rule=promptbert"],
+         "template.sentence_rule= applies to a plain pretrained= export"),
+        ([f"pretrained={decoders['llama']}", "template=promptbert_bert_pair"], "template.second_text= is a second "
+                                                                              "training view"),
+        ([f"ckpt={plain}", "pooler=avg", "denoise=true"], "pooler=avg does not pool it: drop denoise="),
     ]:
         run = subprocess.run([sys.executable, str(REPO / "export.py"), *overrides, f"out={tmp_path / 'out'}"],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
