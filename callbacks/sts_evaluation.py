@@ -102,7 +102,8 @@ class STSEvaluationCallback(pl.Callback):
 
     def poolers_for(self, module, extra: list[str]) -> list[Pooler]:
         """The module's evaluation poolers, then each extra one whose name they do not already use."""
-        return merge_poolers(module.eval_poolers(), self.session.build_poolers(extra))
+        return merge_poolers(module.eval_poolers(), self.session.build_poolers(extra), self.session.pooler_args,
+                             "callbacks.sts_evaluation.pooler_args")
 
     @contextmanager
     def _scoring(self, module, extra_poolers: list[str], shard: Shard | None = None,

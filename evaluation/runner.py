@@ -134,8 +134,9 @@ def open_scoring(cfg: DictConfig, poolers: list) -> Scoring:
         log.warning("scoring an UNVERIFIED model (allow_unverified_weights=true): %s", trained.source["weights_note"])
     log.info("scoring %s %s with its own template %r and poolers %s", trained.source["kind"], name_or_path,
              trained.template.text, ", ".join(p.name for p in trained.poolers))
-    return Scoring(trained.encoder, merge_poolers(trained.poolers, poolers), trained.template, trained.sentence_rule,
-                   trained.max_sentence_tokens, trained.source)
+    pooler_args = dict(cfg.get("pooler_args") or {})
+    return Scoring(trained.encoder, merge_poolers(trained.poolers, poolers, pooler_args), trained.template,
+                   trained.sentence_rule, trained.max_sentence_tokens, trained.source)
 
 
 def provenance(cfg: DictConfig, scoring: Scoring, seed: int, versions: dict | None = None) -> dict:

@@ -144,8 +144,13 @@ def check_input_form(model: TrainedModel, template: str | None, sentence_rule: s
                           "max_sentence_tokens=")
 
 
-def merge_poolers(own: list[Pooler], extra: list[Pooler]) -> list[Pooler]:
-    """The model's own poolers, then each extra one whose name they do not already use (as the training callback)."""
+def merge_poolers(own: list[Pooler], extra: list[Pooler], pooler_args: dict | None = None,
+                  key: str = "pooler_args") -> list[Pooler]:
+    """The model's own poolers, then each extra one whose name they do not already use (as the training callback).
+    Arguments for a name the model's own pooler takes would be ignored: refused in one line (`key` names them)."""
     names = {pooler.name for pooler in own}
+    if configured := sorted(names & set(pooler_args or {})):
+        raise ConfigError(f"{key}.{configured[0]} would be ignored: {configured[0]} is the model's own pooler, scored "
+                          "as the model was trained; drop the arguments")
     return own + [pooler for pooler in extra if pooler.name not in names]
 

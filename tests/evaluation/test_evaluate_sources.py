@@ -131,6 +131,15 @@ def test_a_backbone_key_a_trained_model_keeps_is_one_line_error(optiprompt_run, 
                                 r"backbone\.max_length=$", out)
 
 
+def test_arguments_for_a_trained_models_own_pooler_are_refused(optiprompt_run, real_data_root, tmp_path):
+    """`mask` on a trained model is its own pooler, scored as trained: `+pooler_args.mask.layer=-2` would be
+    ignored, so it is refused in one line."""
+    with pytest.raises(ConfigError, match=r"^pooler_args\.mask would be ignored: mask is the model's own pooler, "
+                                          r"scored as the model was trained; drop the arguments$"):
+        evaluate_in_process(optiprompt_run / "export", real_data_root, tmp_path / "out", "poolers=[mask]",
+                            "+pooler_args.mask.layer=-2")
+
+
 def test_a_trained_model_runs_with_the_backbone_inference_options(optiprompt_run, real_data_root, tmp_path):
     """`backbone.parallel_batches` / `backbone.onednn_linears` apply to a trained model too (they were ignored):
     recorded in the provenance, the score equal to training's to float rounding."""

@@ -355,6 +355,8 @@ def test_callback_rejects_unknown_pooler_before_training(tiny_bert, real_data_ro
     (["callbacks.sts_evaluation.dev_poolers=[ditto]", "+callbacks.sts_evaluation.pooler_args.ditto.head=99",
       "callbacks.sts_evaluation.score_best_at_end=false", "callbacks.sts_evaluation.evaluate_before_training=false"],
      ConfigError, r"ditto layer 0 / head 99 is out of range"),  # dev poolers too, even with no final scoring
+    (["callbacks.sts_evaluation.poolers=[mask]", "+callbacks.sts_evaluation.pooler_args.mask.layer=-2"],
+     ConfigError, r"^callbacks\.sts_evaluation\.pooler_args\.mask would be ignored: mask is the model's own pooler"),
 ])
 def test_callback_checks_fit_end_poolers_and_corpora_before_training(overrides, error, message, tiny_bert,
                                                                     real_data_root, tmp_path, nli_csv):
