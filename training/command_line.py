@@ -65,12 +65,27 @@ def check_train_only_keys(argv: list[str]) -> None:
             continue
         _, key, _ = cli.split_override(arg)
         group, dot, leaf = key.partition(".")
+        unread = next((reason for name, reason in UNREAD_KEYS.items() if key == name or key.startswith(name + ".")),
+                      None)
+        if unread:
+            raise ConfigError(f"train.py does not read {key}: {unread}")
         if group == "backbone" and dot and leaf != "name_or_path":
             instead = TRAINING_EQUIVALENTS.get(leaf)
             advice = f"set {instead} instead" if instead else "drop it (evaluate.py reads it, train.py does not)"
             raise ConfigError(f"train.py does not read {key} (training takes only backbone.name_or_path from the "
                               f"backbone); {advice}")
 
+
+#: Keys of train.py's config that nothing reads, and why.
+UNREAD_KEYS = {
+    "trainer.limit_val_batches": "there is no validation loop (the STS callback scores the dev set every "
+                                 "eval_every_n_steps); drop it",
+    "trainer.num_sanity_val_steps": "there is no validation loop; drop it",
+    "trainer.default_root_dir": "checkpoints and logs have their own folders under output_dir; set output_dir",
+    "logger.resume_step": "a resumed run sets it from its checkpoint; drop it",
+    "expected_scores": "`make reproduce` reads the pinned scores from the experiment's file "
+                       "(configs/experiment/NAME.yaml); edit them there",
+}
 
 #: What training reads in place of a backbone key evaluate.py reads.
 TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input's token limit)",

@@ -70,6 +70,13 @@ def test_non_finite_numbers_fail_even_where_no_range_is_declared():
     ("train", ["backbone.max_length=8"], r"^train\.py does not read backbone\.max_length .*set "
                                          r"\+model\.max_length=N"),
     ("train", ["backbone.dtype=bfloat16"], r"^train\.py does not read backbone\.dtype .*trainer\.precision"),
+    ("train", ["trainer.num_sanity_val_steps=2"], r"^train\.py does not read trainer\.num_sanity_val_steps: there is "
+                                                   r"no validation loop; drop it$"),
+    ("train", ["trainer.default_root_dir=/tmp/x"], r"^train\.py does not read trainer\.default_root_dir: checkpoints "
+                                                   r"and logs have their own folders under output_dir"),
+    ("train", ["logger.resume_step=5"], r"^train\.py does not read logger\.resume_step: a resumed run sets it"),
+    ("train", ["expected_scores.best_dev=80"], r"^train\.py does not read expected_scores\.best_dev: `make "
+                                               r"reproduce` reads the pinned scores from the experiment's file"),
 ])
 def test_command_line_mistakes_are_one_line_with_the_closest_name(entry, argv, pattern, tmp_path):
     with pytest.raises(ConfigError) as refused:
