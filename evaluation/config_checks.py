@@ -75,8 +75,11 @@ def _check_evaluate(cfg: DictConfig) -> None:
             check_writable_dir("output", output.parent)
     else:
         check_writable_dir("output_dir", container["output_dir"])
-    if isinstance(backbone.get("name_or_path"), str):
-        check_model_source(backbone["name_or_path"])
+    if isinstance(name := backbone.get("name_or_path"), str):
+        check_model_source(name)
+        if backbone.get("revision") and (name.startswith("package:") or Path(name).expanduser().exists()):
+            raise ConfigError(f"backbone.revision={backbone['revision']} selects a version of a Hugging Face Hub "
+                              f"model, but {name} is local: drop backbone.revision")
 
 
 def check_evaluate_config(cfg: DictConfig) -> None:

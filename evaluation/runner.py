@@ -118,6 +118,9 @@ def open_scoring(cfg: DictConfig, poolers: list) -> Scoring:
     name_or_path = str(cfg.backbone.name_or_path)
     if (kind := source_kind(name_or_path)) != "pretrained":
         check_backbone_overrides(kind)
+    if cfg.get("allow_unverified_weights") and kind != "export":
+        raise ConfigError(f"allow_unverified_weights=true applies to an export folder (weight files checked against "
+                          f"their recorded sha256); {name_or_path} is a {kind} model: drop it")
     trained = open_trained_model(name_or_path, device=cfg.backbone.device, batch_size=int(cfg.backbone.batch_size),
                                  attentions=combine_needs(poolers).attentions,
                                  verify_weights=not cfg.get("allow_unverified_weights", False))

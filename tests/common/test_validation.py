@@ -111,6 +111,11 @@ def test_train_unwritable_output_dir(tiny_bert, real_data_root, tmp_path):
                               r"bfloat16, float16$"),
     pytest.param("backbone.device=cuda", r"^error: backbone\.device=cuda but this machine has no CUDA GPU",
                  marks=NO_CUDA),
+    # accepted and then without effect on a local model: a hub revision, the export-only weights override
+    ("backbone.revision=v2", r"^error: backbone\.revision=v2 selects a version of a Hugging Face Hub model, but "
+                             r".* is local: drop backbone\.revision$"),
+    ("allow_unverified_weights=true", r"^error: allow_unverified_weights=true applies to an export folder .* is a "
+                                      r"pretrained model: drop it$"),
 ])
 def test_evaluate_bad_value_is_one_line_and_leaves_nothing(override, pattern, tiny_bert, real_data_root, tmp_path):
     out = tmp_path / "out"
