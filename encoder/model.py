@@ -277,10 +277,14 @@ class Encoder:
         # what an earlier call applied stays applied: the combinations are checked with it
         check_inference_options(self.dtype, compile or self.compiled, parallel_batches,
                                 onednn_linears or bool(self.onednn_linears), autocast)
-        if self.is_decoder and (compile or onednn_linears):
-            key = "compile" if compile else "onednn_linears"
-            raise ConfigError(f"backbone.{key}=true is for encoder models; the decoder prompt methods hook into the "
-                              f"model per call: use backbone.{key}=false")
+        if self.is_decoder and (compile or onednn_linears or parallel_batches > 1):
+            key = "compile=true" if compile else "onednn_linears=true" if onednn_linears else "parallel_batches>1"
+            raise ConfigError(f"backbone.{key} is for encoder models; the decoder prompt methods hook into the model "
+                              f"per call: drop it")
+        if self.device.type != "cpu" and (onednn_linears or parallel_batches > 1):
+            key = "onednn_linears=true" if onednn_linears else f"parallel_batches={parallel_batches}"
+            raise ConfigError(f"backbone.{key} speeds up encoding on the CPU; this encoder runs on {self.device}: "
+                              "drop it")
         if compile:
             check_compile_works("backbone.compile", self.device.type)
         self.autocast = resolve_autocast(autocast, self.device, self.dtype)

@@ -228,6 +228,15 @@ def test_inference_options_on_a_model_opened_from_memory(tiny_bert, tmp_path, mo
     decoder = Encoder(str(path), device="cpu", progress=False)
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true is for encoder models"):
         decoder.use_inference_options(compile=True)
+    with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches>1 is for encoder models; .*: drop it$"):
+        decoder.use_inference_options(parallel_batches=2)  # decoders encode one batch at a time
+    encoder = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), tokenizer, name="trained")
+    encoder.device = torch.device("cuda")  # the check reads the device only: a GPU run emulated
+    for options, key in (({"parallel_batches": 2}, "parallel_batches=2"), ({"onednn_linears": True},
+                                                                          "onednn_linears=true")):
+        with pytest.raises(ConfigError, match=rf"^backbone\.{key} speeds up encoding on the CPU; this encoder runs "
+                                              r"on cuda: drop it$"):
+            encoder.use_inference_options(**options)
 
 
 def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
