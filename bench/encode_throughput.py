@@ -63,8 +63,10 @@ def main() -> None:
     pooler = build_poolers(["mean"])
     st_model = SentenceTransformer(resolve_model_path(args.model), device=device)
     parallel = f"parallel_batches={args.parallel_batches}"
-    options = {"eager": {}, parallel: {"parallel_batches": args.parallel_batches},
-               f"{parallel} + onednn_linears": {"parallel_batches": args.parallel_batches, "onednn_linears": True}}
+    options = {"eager": {}}
+    if device == "cpu":  # CPU-only options (refused on a GPU)
+        options[parallel] = {"parallel_batches": args.parallel_batches}
+        options[f"{parallel} + onednn_linears"] = {"parallel_batches": args.parallel_batches, "onednn_linears": True}
     if not args.no_compile:
         options["compiled"] = {"compile": True}
     encoders = {name: Encoder(args.model, device=device, batch_size=args.batch_size, max_length=256, progress=False,
