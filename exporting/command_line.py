@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from promptemb.common.cli import check_command_line
+from promptemb.common.cli import check_command_line, split_override
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.configs import CONFIG_DIR
 from promptemb.exporting.runner import export_checkpoint, export_model
@@ -63,6 +63,15 @@ def check_sources(cfg: DictConfig) -> None:
                               "template, layer and lengths it was trained and scored with: drop it")
 
 
+def check_score_keys(argv: list[str]) -> None:
+    """`score_tasks=` / `data_root=` only matter when the export is scored (`score=true`)."""
+    given = {key: value for _, key, value in (split_override(arg) for arg in argv if "=" in arg and arg[0] != "-")}
+    if given.get("score", "false").lower() != "true":
+        for key in ("score_tasks", "data_root"):
+            if key in given:
+                raise ConfigError(f"{key}= is read when the export is scored: add score=true, or drop it")
+
+
 def main() -> None:
-    exit_on_user_error(check_command_line)("export", sys.argv[1:])
+    exit_on_user_error(check_command_line)("export", sys.argv[1:], check_score_keys)
     compose_and_export()

@@ -225,6 +225,7 @@ def test_export_cli_refuses_bad_combinations_in_one_line(tiny_bert, decoders, tm
         ([f"pretrained={decoders['llama']}", "template=promptbert_bert_pair"], "template.second_text= is a second "
                                                                               "training view"),
         ([f"ckpt={plain}", "pooler=avg", "denoise=true"], "pooler=avg does not pool it: drop denoise="),
+        ([f"ckpt={plain}", "score_tasks=[STS12]"], "score_tasks= is read when the export is scored: add score=true"),
     ]:
         run = subprocess.run([sys.executable, str(REPO / "export.py"), *overrides, f"out={tmp_path / 'out'}"],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
