@@ -218,13 +218,21 @@ def check_node(prefix: str, node: dict, hints: dict[str, Any], open_keywords: bo
         check_value(key, value, hints.get(name, Any))
 
 
+def target_of(node: dict) -> Any:
+    """The class or function a config node's `_target_` names; None when it names none, or one that cannot be
+    imported (Hydra reports that when instantiating)."""
+    if isinstance(target := node.get("_target_"), str):
+        with contextlib.suppress(Exception):
+            return get_object(target)
+    return None
+
+
 def target_nodes(node: Any, prefix: str = "") -> list[tuple[str, dict, Any]]:
     """(key prefix, node, imported target) of every `_target_` node in the tree."""
     found = []
     if isinstance(node, dict):
-        if isinstance(target := node.get("_target_"), str):
-            with contextlib.suppress(Exception):  # not importable: Hydra reports it when instantiating
-                found.append((prefix, node, get_object(target)))
+        if (target := target_of(node)) is not None:
+            found.append((prefix, node, target))
         for name, value in node.items():
             found += target_nodes(value, f"{prefix}{name}.")
     return found

@@ -289,7 +289,7 @@ class Encoder:
             check_compile_works("backbone.compile", self.device.type)
         self.autocast = resolve_autocast(autocast, self.device, self.dtype)
         self.parallel_batches = int(parallel_batches)
-        if onednn_linears and self.device.type == "cpu" and not self.onednn_linears:
+        if onednn_linears and not self.onednn_linears:  # on the CPU: other devices are refused above
             self.onednn_linears = pack_linears(self.transformer, "backbone.onednn_linears")
         if compile and not self.compiled:  # in place: parameter names, hooks and `self.model`'s weights unchanged
             self.transformer.compile(dynamic=True, options={"freezing": True})

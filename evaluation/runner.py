@@ -11,6 +11,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.io import atomic_write, atomic_write_json
 from promptemb.common.run_folder import discard_hydra_run_dir, nothing_left_on_user_error
@@ -93,7 +94,7 @@ def check_backbone_overrides(kind: str) -> None:
     if not HydraConfig.initialized():  # called from Python: no command line to hold to account
         return
     for override in HydraConfig.get().overrides.task:
-        key = override.lstrip("+~").split("=", 1)[0]
+        _, key, _ = split_override(override)
         group, _, leaf = key.partition(".")
         if group == "backbone" and leaf in KEPT_BY_TRAINED_MODELS:
             raise ConfigError(f"{key}= does not apply to a trained model ({kind}): it is scored with the {leaf} it "

@@ -4,12 +4,10 @@ model files and the training data files."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from pathlib import Path
 
-from hydra.utils import get_object
 from omegaconf import DictConfig
 from pydantic import BaseModel
 
@@ -22,6 +20,7 @@ from promptemb.common.validation import (
     check_targets,
     check_writable_dir,
     resolved,
+    target_of,
 )
 from promptemb.data.root import resolve_data_root
 from promptemb.encoder.loading import check_model_source
@@ -58,7 +57,7 @@ def _check_train(cfg: DictConfig) -> None:
     check_compile(bool(trainer.get("compile")), trainer.get("accelerator"))
     model = container.get("model") or {}
     check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
-    if hasattr(recipe := owner_of(model), "check_config"):
+    if hasattr(recipe := target_of(model), "check_config"):
         recipe.check_config(model)
     if isinstance(model.get("model_name_or_path"), str):
         check_model_source(model["model_name_or_path"])
@@ -78,17 +77,9 @@ def check_train_composition(container: dict) -> None:
     check_backbone(container)
 
 
-def owner_of(node: dict):
-    """The class or function a config node's `_target_` names; None when it names none (Hydra reports an
-    unimportable one when instantiating)."""
-    with contextlib.suppress(Exception):
-        return get_object(node["_target_"])
-    return None
-
-
 def check_training_data(data: dict, root: Path) -> None:
     """The datamodule's own check of its corpus files, without building it (`check_files`)."""
-    if hasattr(target := owner_of(data), "check_files"):
+    if hasattr(target := target_of(data), "check_files"):
         target.check_files({"data_root": str(root), **data})
 
 

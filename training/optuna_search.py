@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.io import atomic_write_json
 from promptemb.common.optional import require
@@ -75,9 +76,10 @@ def check_keys(cfg: DictConfig, keys: list[str]) -> None:
 
 def check_not_searched(overrides: list[str], searched: list[str]) -> None:
     """A command-line value for a key the study searches would be replaced in every trial: refused in one line."""
+    searched_keys = {name.lstrip("+") for name in searched}
     for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
-        if key in {name.lstrip("+") for name in searched}:
+        _, key, _ = split_override(override)
+        if key in searched_keys:
             raise ConfigError(f"{key}= is searched by hparams_search (hparams_search.params.{key}): every trial sets "
                               f"its own value; drop it from the command line, or the key from hparams_search.params")
 
