@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from promptemb.common.bounds import AtLeastOne, NonNegativeInt, Seed
+from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.download import DEFAULT_CACHE, fetch, load_source
 from promptemb.data.pretokenized import (
@@ -57,11 +58,6 @@ def local_corpus_path(name: str, data_root: str | None) -> Path:
     current directory: a same-named file there must not silently replace the configured corpus)."""
     path = Path(name).expanduser()
     return path if path.is_absolute() else resolve_data_root(data_root) / path
-
-
-#: Loader workers per process when `num_workers: auto` and the trainer runs on an accelerator (0 on a CPU trainer,
-#: whose cores the model needs).
-ACCELERATOR_WORKERS = 4
 
 
 class _StringDataModule(pl.LightningDataModule):
@@ -221,11 +217,12 @@ class _StringDataModule(pl.LightningDataModule):
         return [ids.setdefault(self.sentences_of(e)[0], len(ids)) for e in self.examples]
 
     def _loader_settings(self) -> tuple[int, bool]:
-        trainer = self.trainer
-        on_accelerator = trainer is not None and trainer.strategy.root_device.type != "cpu"
-        workers = (ACCELERATOR_WORKERS if on_accelerator else 0) if self.num_workers == "auto" else self.num_workers
-        pin = on_accelerator if self.pin_memory == "auto" else self.pin_memory
-        return workers, pin and torch.cuda.is_available()
+        """(workers, pinned memory): the trainer's device profile resolves `auto` (common/device_profile.py)."""
+        if self.trainer is None:
+            return (0 if self.num_workers == "auto" else self.num_workers,
+                    self.pin_memory is True and torch.cuda.is_available())
+        profile = profile_of(self.trainer)
+        return profile.loader_workers(self.num_workers), profile.pin_memory(self.pin_memory)
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from promptemb.common.bounds import AtLeastOne, TokenLimit
 from promptemb.common.compilation import check_compile_works
+from promptemb.common.device_profile import exact_matmuls
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.decoder import (
     PADDING_SIDES,
@@ -443,7 +444,8 @@ class Encoder:
                 return start, {pooler.name: pooler(out).float().cpu() for pooler in poolers}
 
         bar = tqdm(total=len(mine), desc=f"encode ({label})", unit="batch", disable=not progress, leave=False)
-        with bar, self.cpu_workers() as run:
+        # scores must not depend on the device: float32 forwards use IEEE matmuls even where training turned TF32 on
+        with bar, self.cpu_workers() as run, exact_matmuls():
             for start, pooled in run(encode_batch, mine):
                 parts[start] = pooled
                 bar.update()

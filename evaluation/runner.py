@@ -80,7 +80,7 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
 
 def inference_options(backbone: DictConfig) -> dict:
     """How the encoder runs (`Encoder.use_inference_options`): the same for a pretrained and a trained model."""
-    return {"autocast": str(backbone.get("autocast", "auto")), "compile": bool(backbone.get("compile", False)),
+    return {"autocast": str(backbone.get("autocast", "none")), "compile": bool(backbone.get("compile", False)),
             "parallel_batches": int(backbone.get("parallel_batches", 1)),
             "onednn_linears": bool(backbone.get("onednn_linears", False))}
 
