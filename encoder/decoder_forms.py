@@ -29,7 +29,7 @@ class ContrastivePrompting:
     coeff: float = 0.5
 
     def describe(self) -> dict:
-        return {"method": "contrastive_prompting", "auxiliary_template": self.auxiliary, "layer": self.layer,
+        return {"method": "contrastive_prompting", "auxiliary_template": self.auxiliary, "act_layer": self.layer,
                 "coeff": self.coeff}
 
 

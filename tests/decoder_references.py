@@ -51,6 +51,37 @@ def last_token_reference(model, tokenizer, sentences, templates, layer: int) -> 
     return outputs.view(-1, len(templates), outputs.size()[1]).mean(dim=1)
 
 
+#: zifengcheng/CP@bf5ee560263e8876b67a3fdf4f67ff7c46f60f50 evaluate_intervention.py, `--prompt_method ck`, verbatim
+CP_CK_PROMPTS = [
+    'The essence of a sentence is often captured by its main subjects and actions, while descriptive terms provide '
+    'additional but less central details. With this in mind , this sentence : \"*sent 0*\" means in one word:\"',
+    'After thinking step by step , this sentence : \"*sent 0*\" means in one word:\"',
+]
+
+
+@torch.no_grad()
+def ck_reference(model, tokenizer, sentences, output_layer: int = -1) -> torch.Tensor:
+    """zifengcheng/CP@bf5ee56 evaluate_intervention.py `batcher` with `--prompt_method ck` and no intervention: per
+    sentence the official rule, then both prompts (`prompt.replace('*sent 0*', s).strip()`), one left-padded batch of
+    all rows, `hidden_states[args.output_layer][:, -1, :]` (one layer for both prompts: the script sets -2 for `ke`
+    alone, not for `ck`), `view(-1, len(task_prompts), D).mean(dim=1)`."""
+    tokenizer = left_padded(tokenizer)
+    task_prompts = CP_CK_PROMPTS
+    new_sentences = []
+    for s in sentences:
+        if len(s) > 0 and s[-1] not in '.?"\'':
+            s += '.'
+        s = s.replace('"', '\'')
+        if len(s) > 0 and '?' == s[-1]:  # noqa: SIM300 (the official line)
+            s = s[:-1] + '.'
+        for prompt in task_prompts:
+            new_sentences.append(prompt.replace('*sent 0*', s).strip())
+    batch = tokenizer(new_sentences, return_tensors="pt", padding=True)  # v4 batch_encode_plus
+    hidden_states = model(output_hidden_states=True, return_dict=True, **batch).hidden_states
+    outputs = hidden_states[output_layer][:, -1, :]
+    return outputs.view(-1, len(task_prompts), outputs.size()[1]).mean(dim=1)
+
+
 @torch.no_grad()
 def echo_reference(base_model, tokenizer, sentences, template: str, strategy: str, max_length=None) -> torch.Tensor:
     """jakespringer/echo-embeddings@c752c4641d3e78378934e860ac76843f8a5d1880 echo_embeddings.py: `EchoParser`
