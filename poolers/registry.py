@@ -26,6 +26,7 @@ from promptemb.poolers.idf import IdfPooler
 from promptemb.poolers.mask import MaskPooler
 from promptemb.poolers.mask_topk import MaskTopKPooler
 from promptemb.poolers.mean import MeanPooler
+from promptemb.poolers.prompteol_icl import DEFAULT_DEMONSTRATION, DemonstrationPooler
 from promptemb.poolers.random_embeddings import RandomEmbeddingPooler
 from promptemb.poolers.remove_biases import RemoveBiasesPooler
 from promptemb.poolers.sbert_wk import SBERTWKPooler
@@ -65,6 +66,7 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "echo_mean": (EchoPooler, {"strategy": "mean"}),
     "token_prepending": (TokenPrependingPooler, {}),
     "contrastive_prompting": (ContrastivePromptingPooler, {}),
+    "prompteol_icl": (DemonstrationPooler, {}),
     # ensembles: `ensemble` takes its members from pooler_args (`NAME+NAME` is the same without arguments)
     "ensemble": (EnsemblePooler, {}),
     "ck": (EnsemblePooler, {"members": ["ke", "pcot"], "layer": -1,
@@ -133,6 +135,8 @@ PAPERS: dict[str, str] = {
                         'Embeddings from LLMs"',
     "contrastive_prompting": 'Cheng et al. (2025), "Contrastive Prompting Enhances Sentence Embeddings in LLMs through '
                              'Inference-Time Steering"',
+    "prompteol_icl": f"{_PROMPTEOL}, §3.2 in-context learning: PromptEOL after one demonstration (the official "
+                     f"run_icl.sh's, {DEFAULT_DEMONSTRATION} by default)",
     "ensemble": "a prompt ensemble: the (weighted) mean of its member poolers' embeddings, as MetaEOL (Lei et al. "
                 "2024) and CK (Cheng et al. 2025) average prompts",
     "ck": 'Cheng et al. (2025), "Contrastive Prompting Enhances Sentence Embeddings in LLMs through Inference-Time '

@@ -82,6 +82,26 @@ def ck_reference(model, tokenizer, sentences, output_layer: int = -1) -> torch.T
     return outputs.view(-1, len(task_prompts), outputs.size()[1]).mean(dim=1)
 
 
+def scaling_sentemb_batch(tokenizer, sentences, mask_embedding_sentence_template: str) -> dict:
+    """kongds/scaling_sentemb@8567aa0 evaluation.py `batcher` with `--mask_embedding_sentence` and a template as
+    run_icl.sh passes it (`_` for spaces): `_` -> space, `*sep+*` / `*cls*` dropped, the official rule per sentence,
+    `template.replace('*sent 0*', s).strip()`, one left-padded `batch_encode_plus` (special tokens on)."""
+    tokenizer = left_padded(tokenizer)
+    sentences = list(sentences)
+    template = mask_embedding_sentence_template
+    template = template.replace('_', ' ').replace('*sep+*', '').replace('*cls*', '')
+    for i, s in enumerate(sentences):
+        sentences[i] = template.replace('*sent 0*', official_sentence(s)).strip()
+    return tokenizer(sentences, return_tensors="pt", padding=True)
+
+
+@torch.no_grad()
+def scaling_sentemb_reference(model, tokenizer, sentences, mask_embedding_sentence_template: str) -> torch.Tensor:
+    """The same batcher's embedding: `hidden_states[-1][:, -1, :]`."""
+    batch = scaling_sentemb_batch(tokenizer, sentences, mask_embedding_sentence_template)
+    return model(output_hidden_states=True, return_dict=True, **batch).hidden_states[-1][:, -1, :]
+
+
 @torch.no_grad()
 def echo_reference(base_model, tokenizer, sentences, template: str, strategy: str, max_length=None) -> torch.Tensor:
     """jakespringer/echo-embeddings@c752c4641d3e78378934e860ac76843f8a5d1880 echo_embeddings.py: `EchoParser`
