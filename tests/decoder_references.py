@@ -148,11 +148,12 @@ def echo_reference(base_model, tokenizer, sentences, template: str, strategy: st
 
 @torch.no_grad()
 def token_prepending_reference(causal_lm, tokenizer, sentences, template: str, layer: int, start: int, exit: int,
-                               seed: int) -> torch.Tensor:
+                               seed: int | None = None, row: torch.Tensor | None = None) -> torch.Tensor:
     """fuyuchenIfyw/token_prepending@cc41b58696d6dceed9a92a840231728ad1d5b58b: evaluate.py adds `<PST>` to the
-    tokenizer, resizes the embeddings and writes a N(0, 1) row (here drawn from the seeded generator the framework
-    uses); senllm/modeling_llama.py `LlamaModel.forward` with plan "tp": positions `arange(T)`, and before block
-    `index` with start <= index < exit, `hidden_states[arange(B), pst] = hidden_states[:, -1, :]` (first `<PST>` by
+    tokenizer (a no-op when it has the token), resizes the embeddings and writes a N(0, 1) row (here drawn from the
+    seeded generator the framework uses, or the given `row`: the official method with that row);
+    senllm/modeling_llama.py `LlamaModel.forward` with plan "tp": positions `arange(T)`, and before block `index` with
+    start <= index < exit, `hidden_states[arange(B), pst] = hidden_states[:, -1, :]` (first `<PST>` by
     `argmax`), then the final norm; the batcher takes `hidden_states[output_layer][:, -1, :]`."""
     from transformers.masking_utils import create_causal_mask
 
@@ -162,7 +163,9 @@ def token_prepending_reference(causal_lm, tokenizer, sentences, template: str, l
     model = copy.deepcopy(causal_lm)
     model.resize_token_embeddings(len(tokenizer))
     embedding_layer = model.get_input_embeddings()
-    embedding_layer.weight[placeholder_token_id] = placeholder_embedding(seed, embedding_layer.weight.shape[1])
+    if row is None:
+        row = placeholder_embedding(seed, embedding_layer.weight.shape[1])
+    embedding_layer.weight[placeholder_token_id] = row
     texts = [official_template(template).replace("*sent 0*", official_sentence(s)).strip() for s in sentences]
     batch = tokenizer(texts, return_tensors="pt", padding=True)  # v4 batch_encode_plus
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
