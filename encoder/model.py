@@ -402,10 +402,8 @@ class Encoder:
             embeddings.update(self.encode_form(sentences, form_poolers, form, batch_size=batch_size,
                                                progress=progress))
         for pooler in poolers:
-            parts = pooler.parts()
-            if parts:  # MetaEOL: the plain mean of its prompts' embeddings
-                embeddings[pooler.name] = np.mean([embeddings[part.name] for part in parts], axis=0,
-                                                  dtype=np.float64).astype(np.float32)
+            if pooler.parts():  # MetaEOL's prompts, an ensemble's members: combined by the pooler
+                embeddings[pooler.name] = pooler.combine(embeddings)
         return {pooler.name: embeddings[pooler.name] for pooler in poolers}
 
     def input_builder(self, form: InputForm) -> InputBuilder | DecoderInputBuilder:

@@ -190,7 +190,8 @@ def encode(cfg: DictConfig) -> np.ndarray:
     if not cfg.input or not cfg.output:
         raise ConfigError("mode=encode needs input=FILE.txt and output=FILE.npy")
     seed_everything(int(cfg.seed))
-    pooler = build_pooler(str(cfg.pooler), **OmegaConf.to_container(cfg.pooler_args).get(str(cfg.pooler), {}))
+    pooler_args = OmegaConf.to_container(cfg.pooler_args)
+    pooler = build_pooler(str(cfg.pooler), member_args=pooler_args, **pooler_args.get(str(cfg.pooler), {}))
     sentences = read_sentences(Path(cfg.input))
     scoring = open_scoring(cfg, [pooler])
     # a trained model's own pooler of that name (e.g. its denoised [MASK] with its head) replaces the built one
