@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from promptemb.data.training_corpora import (
     normalise_for_matching,
     sick_triplets,
 )
+
+if TYPE_CHECKING:
+    import datasets
 
 #: Bump when what is read from a file or how it is stored changes: old corpus caches are then rebuilt, never misread.
 CORPUS_FORMAT = 1
@@ -58,12 +62,14 @@ class CorpusSource:
         return SLOTS[self.format]
 
     def check_files(self) -> None:
+        """Every file exists (the readers' own message, before anything is hashed or read)."""
         if self.format == "lines":
             check_corpus_files(self.paths)
-        for path in self.paths if self.format != "lines" else ():
+            return
+        for path in self.paths:
             if not path.is_file():
-                raise DataError(f"{'NLI' if self.format == 'nli_csv' else 'SICK'} file {path} does not exist; check "
-                                "data.file and data_root")
+                kind = "NLI" if self.format == "nli_csv" else "SICK"
+                raise DataError(f"{kind} file {path} does not exist; check data.file and data_root")
 
     def key(self) -> dict:
         """What the examples depend on: the files' bytes, how they are read, what is dropped and kept."""
@@ -106,7 +112,7 @@ class CorpusTable:
     name (what a table derived from it, such as its pre-tokenized ids, is keyed by) and the counts of the pass that
     built it (`read`, `dropped_held_out`, `dropped_by_task`, `examples`)."""
 
-    table: object
+    table: datasets.Dataset
     name: str
     counts: dict = field(default_factory=dict)
 
@@ -197,13 +203,15 @@ def write_corpus(staging: Path, source: CorpusSource, minimum_examples: int) -> 
     return counts
 
 
-class CorpusRows(torch.utils.data.Dataset):
-    """The examples of a corpus table as the loader gives them (a string, or a tuple of strings, per example); a
-    whole batch of indices is read in one Arrow `take` (`__getitems__`)."""
+class TableRows(torch.utils.data.Dataset):
+    """The examples of a table whose columns `<prefix>0`, `<prefix>1`, ... hold the sentences of each example, as the
+    loader reads them: one value, or a tuple of values, per example; a whole batch of indices is read in one Arrow
+    `take` (`__getitems__`)."""
 
-    def __init__(self, corpus: CorpusTable):
-        self.table = corpus.table
-        self.columns = corpus.columns
+    def __init__(self, table, prefix: str):
+        self.table = table
+        self.columns = sorted((c for c in table.column_names if c.startswith(prefix)),
+                              key=lambda c: int(c[len(prefix):]))
 
     def __len__(self) -> int:
         return len(self.table)
@@ -216,6 +224,13 @@ class CorpusRows(torch.utils.data.Dataset):
         if len(self.columns) == 1:
             return rows[self.columns[0]]
         return list(zip(*(rows[c] for c in self.columns), strict=True))
+
+
+class CorpusRows(TableRows):
+    """The examples of a corpus table: a string, or a tuple of strings, per example."""
+
+    def __init__(self, corpus: CorpusTable):
+        super().__init__(corpus.table, "text")
 
     def __iter__(self) -> Iterator:
         for batch in self.table.iter(batch_size=WRITE_BATCH):

@@ -170,8 +170,8 @@ class _StringDataModule(pl.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Lightning runs this in one process per node (local rank 0) while the other ranks wait at a barrier: the
-        download and the pre-tokenizing pass happen once, with every core, and each rank's `setup` then reads the
-        cached table."""
+        download, the corpus read and the pre-tokenizing pass happen once, with every core, and each rank's `setup`
+        then opens the cached tables."""
         self.setup("fit", processes=self.tokenize_processes or os.cpu_count())
 
     def setup(self, stage: str | None = None, processes: int | None = None) -> None:

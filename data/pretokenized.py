@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from promptemb.data.corpus_tables import CorpusTable
+from promptemb.data.corpus_tables import CorpusTable, TableRows
 from promptemb.data.table_cache import cache_name, cached_table
 from promptemb.data.tokenizing_workers import SentenceIds, TokenizingWorkers
 from promptemb.encoder.inputs import InputBuilder
@@ -153,15 +153,11 @@ def tokenize_into(staging: Path, examples, tokenization: SentenceTokenization, n
     return {}
 
 
-class PretokenizedExamples(torch.utils.data.Dataset):
-    """Rows of a pre-tokenized table; a whole batch of indices is read in one Arrow `take` (`__getitems__`)."""
+class PretokenizedExamples(TableRows):
+    """Rows of a pre-tokenized table (columns `ids0`, `ids1`, ...): a list of ids, or a tuple of them, per example."""
 
     def __init__(self, table):
-        self.table = table
-        self.columns = sorted((c for c in table.column_names if c.startswith("ids")), key=lambda c: int(c[3:]))
-
-    def __len__(self) -> int:
-        return len(self.table)
+        super().__init__(table, "ids")
 
     def sentence_lengths(self) -> list:
         """Stored ids per sentence: one Arrow array per column (sentence slot of an example)."""
@@ -185,14 +181,6 @@ class PretokenizedExamples(torch.utils.data.Dataset):
 
         return sum(int(pc.sum(pc.greater(lengths, tokens)).as_py() or 0) for lengths in self.sentence_lengths())
 
-    def __getitem__(self, index: int):
-        return self.__getitems__([index])[0]
-
-    def __getitems__(self, indices: list[int]) -> list:
-        rows = self.table[list(indices)]
-        if len(self.columns) == 1:
-            return rows[self.columns[0]]
-        return list(zip(*(rows[c] for c in self.columns), strict=True))
 
 
 def pad_sentence_ids(examples: list) -> dict[str, torch.Tensor]:
