@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from promptemb.data.corpus_tables import CorpusTable, TableRows
+from promptemb.data.corpus_tables import WRITE_BATCH, CorpusTable, TableRows
 from promptemb.data.table_cache import cache_name, cached_table
 from promptemb.data.tokenizing_workers import SentenceIds, TokenizingWorkers
 from promptemb.encoder.inputs import InputBuilder
@@ -126,7 +126,7 @@ def tokenize_into(staging: Path, examples, tokenization: SentenceTokenization, n
     from datasets.utils.tqdm import tqdm
 
     if isinstance(examples, CorpusTable):
-        slots, batches = examples.slots, examples.text_batches()
+        slots, batches = examples.slots, examples.text_batches(TOKENIZE_BATCH)
     else:
         slots = 1 if isinstance(examples[0], str) else len(examples[0])
         batches = ([[e if slots == 1 else e[k] for e in examples[start : start + TOKENIZE_BATCH]] for k in range(slots)]
@@ -143,12 +143,20 @@ def tokenize_into(staging: Path, examples, tokenization: SentenceTokenization, n
         else:
             flat = ids.flat if ids is not None else tokenization.flat
             flat_batches = ([flat(column) for column in batch] for batch in batches)
-        writer = stack.enter_context(ArrowWriter(features=features, path=str(staging / "ids.arrow")))
+        writer = stack.enter_context(ArrowWriter(features=features, path=str(staging / "ids.arrow"),
+                                                 writer_batch_size=WRITE_BATCH))
         bar = stack.enter_context(tqdm(total=len(examples), unit=" examples", desc="pre-tokenizing"))
+        tables, rows = [], 0  # written WRITE_BATCH rows at a time: record batches as large as the corpus table's
         for columns in flat_batches:
             arrays = [pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)) for offsets, values in columns]
-            writer.write_table(pa.table(arrays, names=list(features)))
+            tables.append(pa.table(arrays, names=list(features)))
+            rows += len(arrays[0])
             bar.update(len(arrays[0]))
+            if rows >= WRITE_BATCH:
+                writer.write_table(pa.concat_tables(tables))
+                tables, rows = [], 0
+        if tables:
+            writer.write_table(pa.concat_tables(tables))
         writer.finalize()
     return {}
 
