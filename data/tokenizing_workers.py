@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -139,7 +140,9 @@ class TokenizingWorkers:
 
 def serve() -> None:
     """A worker: the SentenceIds, then batches until the pipe closes. The protocol has the real stdout to itself;
-    anything printed goes to stderr."""
+    anything printed goes to stderr. Ctrl-C reaches the whole process group: the parent answers it (in one line) and
+    closes the pipes, which ends the worker without a traceback of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     requests = sys.stdin.buffer

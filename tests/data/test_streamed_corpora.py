@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -317,6 +318,10 @@ def test_worker_processes_write_the_ids_of_the_main_process(tiny_bert, tmp_path,
     for k in range(3):
         assert parallel.data.column(f"ids{k}").equals(here.data.column(f"ids{k}"))
         assert list(here[f"ids{k}"]) == tokenization([row[k] for row in rows])
+    with TokenizingWorkers(tokenization.sentence_ids(), 2) as workers:
+        assert len(list(workers.map([[["a b"]], [["c"]]]))) == 2  # both serving
+        os.kill(workers.workers[0].pid, signal.SIGINT)  # Ctrl-C reaches the group: the parent answers it, not a worker
+        assert [offsets.tolist() for ((offsets, _),) in workers.map([[["a"]], [["b"]], [["c"]]])] == [[0, 1]] * 3
     with TokenizingWorkers(tokenization.sentence_ids(), 2) as workers:  # a worker that dies is an error, not a hang
         workers.workers[1].kill()
         with pytest.raises(OSError, match=r"pre-tokenizing worker \d+ ended \(exit -9\)"):
