@@ -138,3 +138,12 @@ def test_gpu_validation_rehearses_every_gpu_command(real_data_root, tmp_path):
         for name, run in report["parts"][part]["runs"].items():
             assert run["exit_code"] == 0, (name, run["tail"])
     assert report["parts"]["quickstart"]["exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_corpus_preparation(real_data_root):
+    out = bench("corpus_preparation.py", "--lines", 3000, 60000, "--processes", 2, data_root=real_data_root)
+    assert re.search(r"^ +60,000 lines \([\d.]+ GiB\), 6 held-out lines dropped", out, re.M)
+    prepare = re.findall(r"prepare +[\d.]+ s wall .*peak over (\d+) processes: RSS ([\d.]+) GiB", out)
+    assert len(prepare) == 2 and int(prepare[1][0]) == 3  # the main process and its 2 workers at 60,000 lines
+    assert len(re.findall(r"training start +[\d.]+ s wall", out)) == 2
