@@ -239,8 +239,10 @@ def fit_probes(features: torch.Tensor, labels: torch.Tensor, classes: int, probe
             row_weight = torch.from_numpy(row_weight).to(device=device, dtype=features.dtype)
             row_weight = row_weight.transpose(0, 1)[:, :, None, None, :]
             grid = torch.from_numpy(np.ascontiguousarray(grid.clip(min=0).transpose(1, 0, 2))).to(device)
-            targets = labels[grid][:, :, None, None, :].expand(-1, -1, width, 1, -1)  # [steps, G, K, 1, bs]
-            rows = grid.view(grid.shape[0], -1)  # [steps, G * bs]
+            # per step (views, taken once per pass): rows to gather [G * bs], labels [G, K, 1, bs], row weights
+            targets = labels[grid][:, :, None, None, :].expand(-1, -1, width, 1, -1).unbind(0)
+            rows = grid.view(grid.shape[0], -1).unbind(0)
+            row_weight = row_weight.unbind(0)
             total_steps += grid.shape[0]
             for j in range(grid.shape[0]):
                 torch.index_select(x_all, 0, rows[j], out=x)
