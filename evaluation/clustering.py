@@ -96,9 +96,12 @@ class PlusPlusSeeder:
     the same in every initialisation and trial: rows are computed in blocks of `block_rows` the first time one of
     them is drawn, and kept (up to `cache_bytes`; past that, a draw's rows are computed on their own). One pass over
     the float64 data per block instead of one per draw: the seeding is bound by reading that data, and ten trials of
-    ten initialisations end up drawing nearly every point."""
+    ten initialisations end up drawing nearly every point. With `device` (the device k-means), the blocks are
+    computed there (the same float64 arithmetic in the same order: equal rows but for the last float64 bits, which
+    the rounding to float32 almost always absorbs), the draws stay on the host."""
 
-    def __init__(self, centred: np.ndarray, cache_bytes: int = 1 << 30, block_rows: int = 256):
+    def __init__(self, centred: np.ndarray, cache_bytes: int = 1 << 30, block_rows: int = 256,
+                 device: torch.device | str | None = None):
         self.x = centred
         self.x64 = centred.astype(np.float64)
         self.norms64 = row_norms(self.x64, squared=True)
@@ -106,8 +109,17 @@ class PlusPlusSeeder:
         self.block_rows = block_rows
         self.blocks: dict[int, np.ndarray] = {}  # block number -> float32 [block_rows, n] distance rows
         self.max_blocks = cache_bytes // (4 * len(centred) * block_rows)
+        self.on_device = None
+        if device is not None:
+            self.on_device = (torch.as_tensor(self.x64, device=device), torch.as_tensor(self.norms64, device=device))
 
     def compute(self, rows: np.ndarray | slice) -> np.ndarray:
+        if self.on_device is not None:
+            x64, norms64 = self.on_device
+            index = rows if isinstance(rows, slice) else torch.as_tensor(rows, device=x64.device)
+            with torch.inference_mode():
+                d = torch.matmul(x64[index], x64.T).mul_(-2).add_(norms64[index][:, None]).add_(norms64[None, :])
+                return d.float().clamp_(min=0).cpu().numpy()
         centres = self.x64[rows]
         d = -2 * (centres @ self.x64.T)
         d += self.norms64[rows][:, None]
@@ -144,12 +156,13 @@ class PlusPlusSeeder:
         return indices
 
 
-def seeder_for(x: np.ndarray) -> PlusPlusSeeder:
-    """The seeder for float32 data `x`, centred as scikit-learn's KMeans centres it (its float32 column mean)."""
+def seeder_for(x: np.ndarray, device: torch.device | str | None = None) -> PlusPlusSeeder:
+    """The seeder for float32 data `x`, centred as scikit-learn's KMeans centres it (its float32 column mean);
+    `device`: where its distance rows are computed (None: numpy on the host)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     centred = x.copy()
     centred -= x.mean(axis=0)
-    return PlusPlusSeeder(centred)
+    return PlusPlusSeeder(centred, device=device)
 
 
 def same_partition(a: np.ndarray, b: np.ndarray) -> bool:
@@ -243,7 +256,7 @@ def _assign(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
     """[R, n] index of the nearest centre, by scikit-learn's |c|^2 - 2 x.c (first of equals); one matrix product
     for all R runs ([R*k, d] x [d, n])."""
     norms = (centres * centres).sum(2)  # [R, k]
-    return (norms[:, :, None] - 2 * torch.matmul(centres, x.T)).argmin(1)
+    return torch.matmul(centres, x.T).mul_(-2).add_(norms[:, :, None]).argmin(1)  # one [R, k, n] temporary
 
 
 def _cluster_sums(x: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,10 +337,11 @@ def kmeans_tolerance(x: np.ndarray, tol: float = TOL) -> float:
 def device_kmeans_trials(x: np.ndarray, k: int, config: ClusteringConfig, device: torch.device | str,
                          workers: int | None = None) -> list[np.ndarray]:
     """`kmeans_trials` with the Lloyd runs of every trial and initialisation batched on `device` (`lloyd_runs`);
-    the seeds are scikit-learn's (drawn on the host, trials side by side on `workers` threads)."""
+    the seeds are scikit-learn's (drawn on the host, trials side by side on `workers` threads; the seeding's distance
+    rows computed on `device`)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    seeder = seeder_for(x)
-    with ThreadPoolExecutor(max_workers=workers or available_cores()) as pool:
+    seeder = seeder_for(x, device)
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(workers or available_cores()) as pool:
         seeds = list(pool.map(lambda trial: trial_seeds(seeder, k, trial, config.n_init), range(config.trials)))
     inits = np.stack([seeder.x[s] for trial in seeds for s in trial])  # centred seeds, [trials * n_init, k, d]
     runs = lloyd_runs(seeder.x, inits, device, kmeans_tolerance(x))

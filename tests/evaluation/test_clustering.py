@@ -271,3 +271,18 @@ def test_kmeans_trials_spread_every_run_over_the_workers(monkeypatch):
         for got, want in zip(kmeans_trials(x, 4, config, workers), expected, strict=True):
             np.testing.assert_array_equal(got, want)
         assert len(calls) == 12
+
+
+def test_seeding_rows_computed_on_a_device_equal_the_hosts():
+    """The device k-means computes the seeding's distance rows with torch on its device (here the CPU): the same
+    float64 arithmetic, so the float32 rows and the seeds equal numpy's."""
+    from promptemb.evaluation.clustering import trial_seeds
+
+    x = blobs(6, n=300, seed=7)
+    host, device = seeder_for(x), seeder_for(x, "cpu")
+    np.testing.assert_allclose(device.compute(slice(0, 40)), host.compute(slice(0, 40)), rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(device.compute(np.array([5, 1, 299])), host.compute(np.array([5, 1, 299])),
+                               rtol=1e-6, atol=1e-4)
+    for trial in range(3):
+        for a, b in zip(trial_seeds(device, 6, trial, 4), trial_seeds(host, 6, trial, 4), strict=True):
+            np.testing.assert_array_equal(a, b)
