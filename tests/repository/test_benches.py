@@ -98,6 +98,17 @@ def test_evaluation_suite(tiny6, real_data_root, tmp_path):
 
 
 @pytest.mark.slow
+def test_scorer_ab(tiny6, real_data_root, tmp_path):
+    """The A/B of the scorers, this checkout against itself: identical scores, embeddings cached for the next run."""
+    args = ("--baseline", REPO, "--tasks", "SICK-E", "tweet", "--model", tiny6, "--cache", tmp_path, "--threads", 1)
+    out = bench("scorer_ab.py", *args, data_root=real_data_root)
+    for task in ("SICK-E", "tweet"):
+        assert re.search(rf"^{task} +CPU ratio baseline / this [\d.]+x; scores identical$", out, re.M)
+    assert re.search(r"^SICK-E +this +[\d.]+ s wall +[\d.]+ s CPU  accuracy [\d.]+, \d+ steps$", out, re.M)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["SICK-E.mean.npy", "tweet.mean.npy"]
+
+
+@pytest.mark.slow
 def test_decoder_method_cost(real_data_root, tmp_path):
     from tests.decoder_helpers import save_tiny_decoder
 
