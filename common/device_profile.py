@@ -209,14 +209,26 @@ def matmul_precision() -> str:
     return ("tf32" if value == "tf32" else "ieee") if name == "fp32_precision" else ("tf32" if value else "ieee")
 
 
+def _cpu_precision_switches() -> list[tuple[Any, str]]:
+    """oneDNN's fp32 precision switches (CPU matmuls and convolutions; `bf16` there would multiply float32 in bf16),
+    where this torch has them."""
+    mkldnn = torch.backends.mkldnn
+    return [(owner, "fp32_precision") for owner in (getattr(mkldnn, "matmul", None), getattr(mkldnn, "conv", None))
+            if hasattr(owner, "fp32_precision")]
+
+
 @contextlib.contextmanager
 def exact_matmuls() -> Iterator[None]:
-    """IEEE float32 matmuls and convolutions (TF32 off) inside the block, whatever training set; restored after."""
+    """IEEE float32 matmuls and convolutions inside the block, whatever training or the process set (CUDA's TF32 off,
+    oneDNN's reduced fp32 precision off); restored after."""
     switches = _precision_switches()
-    saved = [getattr(owner, name) for owner, name in switches]
+    cpu_switches = _cpu_precision_switches()
+    saved = [getattr(owner, name) for owner, name in switches + cpu_switches]
     set_matmul_precision("ieee")
+    for owner, name in cpu_switches:
+        setattr(owner, name, "ieee")
     try:
         yield
     finally:
-        for (owner, name), value in zip(switches, saved, strict=True):
+        for (owner, name), value in zip(switches + cpu_switches, saved, strict=True):
             setattr(owner, name, value)

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 import torch
@@ -124,6 +125,37 @@ class Truncation:
     truncated: np.ndarray  # bool [N]
 
 
+#: `max_batch_tokens="auto"` off the CPU: padded tokens per batch (rows x longest row). MiniLM at this budget keeps a
+#: GPU busy (~350 GFLOP per forward) where 64 short sentences (~1,000 tokens) leave it waiting on kernel launches.
+DEVICE_BATCH_TOKENS = 16384
+
+
+def resolve_batch_tokens(max_batch_tokens: int | str | None, device: torch.device) -> int | None:
+    """The token budget per batch: an int as given; "auto": `DEVICE_BATCH_TOKENS` on an accelerator, None (batches of
+    `batch_size` sentences) on the CPU, where bigger batches run no faster and the float sums of a row can depend on
+    its batch's shape (the CPU's scores are those of 64-sentence batches); None: batches by count."""
+    if max_batch_tokens == "auto":
+        return None if device.type == "cpu" else DEVICE_BATCH_TOKENS
+    if max_batch_tokens is not None and (isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int)
+                                         or max_batch_tokens < 1):
+        raise ConfigError(f"max_batch_tokens must be an integer >= 1, 'auto' or null, got {max_batch_tokens!r}")
+    return max_batch_tokens
+
+
+def batch_spans(lengths: Sequence[int], batch_size: int, max_tokens: int | None) -> list[tuple[int, int]]:
+    """[start, stop) of each batch over inputs sorted longest first (`lengths` in that order): `batch_size` inputs
+    each, or, with `max_tokens`, as many as fit in that many padded tokens (rows x the batch's first, longest row;
+    at least one row), so short sentences travel in big batches and long ones in small ones."""
+    if max_tokens is None:
+        return [(start, min(start + batch_size, len(lengths))) for start in range(0, len(lengths), batch_size)]
+    spans, start = [], 0
+    while start < len(lengths):
+        stop = min(len(lengths), start + max(1, max_tokens // max(1, int(lengths[start]))))
+        spans.append((start, stop))
+        start = stop
+    return spans
+
+
 def check_inference_options(dtype: str, compile: bool, parallel_batches: int, onednn_linears: bool,
                             autocast: str = "none") -> None:
     """The combinations of `Encoder`'s inference options that cannot run, one line each, before any loading."""
@@ -173,6 +205,7 @@ class Encoder:
         autocast: Autocast = "none",
         parallel_batches: AtLeastOne = 1,
         onednn_linears: bool = False,
+        max_batch_tokens: AtLeastOne | Literal["auto"] | None = "auto",
     ):
         """`device_map` (e.g. "auto") and `quantization` ("4bit", CUDA only) are passed to `from_pretrained` for
         models too big for one device; `padding_side` applies to decoders (results do not depend on it).
@@ -183,8 +216,11 @@ class Encoder:
         pooling and similarities in float32. `parallel_batches`: on the CPU, encode that many batches at once
         (threads sharing the torch threads; encoders only). `onednn_linears`: on the CPU, the transformer's linears
         multiply with weights pre-packed for oneDNN (encoder/onednn.py: ~10% faster, equal to float rounding;
-        float32 encoders, not with `compile`)."""
+        float32 encoders, not with `compile`). `max_batch_tokens`: batches of length-sorted inputs filled up to
+        that many padded tokens instead of `batch_size` inputs ("auto": 16384 off the CPU, by count on the CPU;
+        `resolve_batch_tokens`)."""
         path = resolve_model_path(name_or_path)
+        resolve_batch_tokens(max_batch_tokens, torch.device("cpu"))  # the value only
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
         if padding_side not in PADDING_SIDES:
@@ -208,7 +244,7 @@ class Encoder:
                     autocast=autocast)
         self.model = (model if device_map is not None or quantization else model.to(self.device)).eval()
         self.use_inference_options(autocast=autocast, compile=compile, parallel_batches=parallel_batches,
-                                   onednn_linears=onednn_linears)
+                                   onednn_linears=onednn_linears, max_batch_tokens=max_batch_tokens)
 
     @classmethod
     def from_model(
@@ -266,12 +302,14 @@ class Encoder:
         self.padding_side = padding_side
         self.autocast = resolve_autocast(autocast, self.device, dtype)
         self.parallel_batches = 1
+        #: padded tokens per batch (None: `batch_size` inputs per batch); `use_inference_options` sets it
+        self.max_batch_tokens = resolve_batch_tokens("auto", self.device)
         #: linears replaced by oneDNN's packed ones (0 = none): recorded with every score
         self.onednn_linears = 0
         self.compiled = False
 
     def use_inference_options(self, *, autocast: str = "none", compile: bool = False, parallel_batches: int = 1,
-                              onednn_linears: bool = False) -> None:
+                              onednn_linears: bool = False, max_batch_tokens: int | str | None = "auto") -> None:
         """How this frozen encoder runs its forwards (see `__init__`); evaluate.py sets the same options on a trained
         model it opened. None changes what is computed beyond float rounding; `compile` and `onednn_linears` take
         the weights as they are now (inference only) and are applied once."""
@@ -289,6 +327,7 @@ class Encoder:
         if compile:
             check_compile_works("backbone.compile", self.device.type)
         self.autocast = resolve_autocast(autocast, self.device, self.dtype)
+        self.max_batch_tokens = resolve_batch_tokens(max_batch_tokens, self.device)
         self.parallel_batches = int(parallel_batches)
         if onednn_linears and not self.onednn_linears:  # on the CPU: other devices are refused above
             self.onednn_linears = pack_linears(self.transformer, "backbone.onednn_linears")
@@ -310,6 +349,8 @@ class Encoder:
             "autocast": "bf16" if self.autocast is not None else "none",
             "linear_kernels": "onednn_packed" if self.onednn_linears else "default",
             "compiled": self.compiled,
+            "batching": (f"{self.max_batch_tokens} padded tokens" if self.max_batch_tokens
+                         else f"{self.batch_size} inputs"),
             "decoder": self.is_decoder,
             **({"padding_side": self.padding_side} if self.is_decoder else {}),
         }
@@ -385,7 +426,7 @@ class Encoder:
         """Embed `sentences` with every pooler; returns pooler name -> float32 array [N, D].
 
         Poolers that share an input form share one forward pass per sentence. `batch_size` / `progress` apply to this
-        call only (None: the encoder's own).
+        call only (None: the encoder's own; a `batch_size` given here batches this call by count).
         """
         self.check_poolers(poolers, template)
         by_form: dict[InputForm, list[Pooler]] = defaultdict(list)
@@ -415,7 +456,9 @@ class Encoder:
         self, sentences: Sequence[str], poolers: Sequence[Pooler], form: InputForm, *, batch_size: int | None = None,
         progress: bool | None = None,
     ) -> dict[str, np.ndarray]:
-        """One input form: tokenize all, sort by length, one forward per batch, every pooler on every batch."""
+        """One input form: tokenize all, sort by length, one forward per batch (`batch_spans`: by count, or by token
+        budget with `max_batch_tokens`), every pooler on every batch."""
+        max_tokens = self.max_batch_tokens if batch_size is None else None
         batch_size = self.batch_size if batch_size is None else int(batch_size)
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -424,14 +467,16 @@ class Encoder:
         items = builder.build(list(sentences))
         label = "templated" if form.template else "plain"
         self.truncation[label] = Truncation(builder.max_sentence_tokens, np.array([i.truncated for i in items], bool))
-        order = np.argsort([-len(item.input_ids) for item in items], kind="stable")
+        lengths = np.array([len(item.input_ids) for item in items], dtype=np.int64)
+        order = np.argsort(-lengths, kind="stable")
         needs = combine_needs(poolers, self.num_layers)
-        starts = range(0, len(items), batch_size)
-        mine = starts if self.shard is None else starts[self.shard.rank :: self.shard.world_size]
+        spans = batch_spans(lengths[order], batch_size, max_tokens)
+        mine = spans if self.shard is None else spans[self.shard.rank :: self.shard.world_size]
         parts: dict[int, dict[str, torch.Tensor]] = {}  # batch start -> pooler name -> [rows, D]
 
-        def encode_batch(start: int) -> tuple[int, dict[str, torch.Tensor]]:
-            batch = builder.collate([items[i] for i in order[start : start + batch_size]])
+        def encode_batch(span: tuple[int, int]) -> tuple[int, dict[str, torch.Tensor]]:
+            start, stop = span
+            batch = builder.collate([items[i] for i in order[start:stop]])
             with torch.inference_mode():
                 region = (contextlib.nullcontext() if self.autocast is None
                           else torch.autocast(self.device.type, dtype=self.autocast))
@@ -452,7 +497,7 @@ class Encoder:
                 parts.update(other)
         result = {}
         for pooler in poolers:
-            stacked = torch.cat([parts[start][pooler.name] for start in starts]).numpy()
+            stacked = torch.cat([parts[start][pooler.name] for start, _ in spans]).numpy()
             unsorted = np.empty_like(stacked)
             unsorted[order] = stacked
             result[pooler.name] = unsorted

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from promptemb.data.labeled_readers import LabeledSplit
 from promptemb.data.tasks import TaskSpec
@@ -56,15 +57,17 @@ def effective_truncation(spec: TaskSpec, max_sentence_tokens: int | None) -> int
 
 
 def score_labeled_task(task: LabeledTask, embeddings: np.ndarray, transfer_config: ClassifierConfig,
-                       clustering_config: ClusteringConfig) -> dict:
+                       clustering_config: ClusteringConfig, device: torch.device | None = None) -> dict:
+    """The task's record; the classifiers train on `device` (the scoring model's), k-means runs there or on the
+    CPU's cores as `clustering_config.kmeans` picks."""
     started = time.perf_counter()
     if task.spec.family == "clustering":
         part = task.rows["all"]
-        record = evaluate_clustering(embeddings[part["left"]], part["labels"], clustering_config)
+        record = evaluate_clustering(embeddings[part["left"]], part["labels"], clustering_config, device=device)
     else:
         classes = int(max(part["labels"].max() for part in task.rows.values())) + 1
         data = TransferData(task.spec.record["protocol"], task.rows, classes, f1=bool(task.spec.record.get("f1")))
-        record = evaluate_transfer(data, embeddings, transfer_config)
+        record = evaluate_transfer(data, embeddings, transfer_config, device=device)
     record["seconds"] = round(time.perf_counter() - started, 2)
     return record
 
@@ -101,7 +104,7 @@ def evaluate_labeled(
         started, cpu = time.perf_counter(), time.process_time()
         result = score_variants(
             loaded, pooled,
-            lambda task, emb: score_labeled_task(task, emb, transfer_config, clustering_config),
+            lambda task, emb: score_labeled_task(task, emb, transfer_config, clustering_config, encoder.device),
             options.posts, options.fit_corpus, reference_rows, main_key="accuracy")
         score_s, score_cpu = score_s + time.perf_counter() - started, score_cpu + time.process_time() - cpu
         for label, per_task in result["details"].items():

@@ -82,7 +82,8 @@ def inference_options(backbone: DictConfig) -> dict:
     """How the encoder runs (`Encoder.use_inference_options`): the same for a pretrained and a trained model."""
     return {"autocast": str(backbone.get("autocast", "none")), "compile": bool(backbone.get("compile", False)),
             "parallel_batches": int(backbone.get("parallel_batches", 1)),
-            "onednn_linears": bool(backbone.get("onednn_linears", False))}
+            "onednn_linears": bool(backbone.get("onednn_linears", False)),
+            "max_batch_tokens": backbone.get("max_batch_tokens", "auto")}
 
 
 #: `backbone` keys a trained model takes from its own record: it is scored as it was trained or exported.

@@ -8,6 +8,7 @@ scipy's (ties get average ranks). No regressor is trained: STS-B and SICK-R use 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,16 +150,20 @@ def evaluate_sts(
 
     Post-processors fitted on "T" use each task's own embeddings; on another corpus, its sentences join the
     sentence index and are encoded in the same pass. Returns {"scores": {label: {task: x100, "avg": mean}},
-    "details", "post_processing", "analysis", "poolers" (provenance per label), "tasks", "unique_sentences"}.
+    "details", "post_processing", "analysis", "poolers" (provenance per label), "tasks", "unique_sentences",
+    "timing" (wall seconds of encoding and of scoring)}.
     """
     corpora = options.corpora_for(root, tasks)
     check_scoring(encoder, poolers, options.template, bool(options.posts), options.fit_corpus, corpora)
     index = SentenceIndex()
     loaded = load_and_index(tasks, root, index)
+    started = time.perf_counter()
     plans, pooled, reference_rows = encode_plans(encoder, index, loaded, poolers, options, corpora,
                                                  options.max_sentence_tokens)
+    encoded = time.perf_counter()
     truncated = report_truncation(loaded, encoder.truncation)
     result = score_variants(loaded, pooled, score_task, options.posts, options.fit_corpus, reference_rows, analyse)
+    result["timing"] = {"encode_s": round(encoded - started, 2), "score_s": round(time.perf_counter() - encoded, 2)}
     result["poolers"] = {plan.label: plan.describe() for plan in plans}
     result["fit_corpora"] = corpora.sources
     result["tasks"] = {

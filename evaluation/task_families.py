@@ -44,7 +44,7 @@ def evaluate_tasks(
         if family == "sts":
             started = time.perf_counter()
             result = evaluate_sts(encoder, specs, root, poolers, options, analyse=analyse)
-            result["timing"] = {"total_s": round(time.perf_counter() - started, 2)}
+            result["timing"] = {**result["timing"], "total_s": round(time.perf_counter() - started, 2)}
             result["protocol"] = STS_PROTOCOL
         else:
             result = evaluate_labeled(encoder, specs, root, poolers, options, transfer_config=transfer_config,

@@ -40,6 +40,7 @@ import torch
 from sklearn.metrics import f1_score
 from sklearn.model_selection import StratifiedKFold
 
+from promptemb.common.device_profile import exact_matmuls
 from promptemb.common.errors import DataError
 
 PROTOCOLS = ("inner_kfold", "kfold", "split")
@@ -92,23 +93,25 @@ def probe_with_holdout(rows: np.ndarray, l2: float, config: ClassifierConfig) ->
 
 @dataclass
 class FittedProbes:
-    """Best (by early-stopping accuracy) weights [M, d, C] and biases [M, C] of M probes, their best early-stopping
-    accuracies and the number of passes each ran."""
+    """Best (by early-stopping accuracy) weights [M, d, C] and biases [M, C] of M probes (on the features' device),
+    their best early-stopping accuracies, the number of passes each ran, and the optimiser steps the batched problem
+    took (each one step of every live probe: the sequential cost on an accelerator)."""
 
     weights: torch.Tensor
     biases: torch.Tensor
     dev_accuracy: np.ndarray
     passes: np.ndarray
+    steps: int = 0
 
     def logits(self, features: torch.Tensor, rows: np.ndarray, model: int) -> torch.Tensor:
-        return features[torch.as_tensor(rows)] @ self.weights[model] + self.biases[model]
+        return features[torch.as_tensor(rows, device=features.device)] @ self.weights[model] + self.biases[model]
 
     def accuracy(self, features: torch.Tensor, labels: torch.Tensor, rows: np.ndarray, model: int) -> float:
         predicted = self.logits(features, rows, model).argmax(1)
-        return float((predicted == labels[torch.as_tensor(rows)]).double().mean())
+        return float((predicted == labels[torch.as_tensor(rows, device=labels.device)]).double().mean())
 
     def predict(self, features: torch.Tensor, rows: np.ndarray, model: int) -> np.ndarray:
-        return self.logits(features, rows, model).argmax(1).numpy()
+        return self.logits(features, rows, model).argmax(1).cpu().numpy()
 
 
 def initial_linear(dim: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,25 +134,42 @@ def group_probes(probes: Sequence[Probe]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _member_accuracies(features, labels, weights, members: list[int], probes: Sequence[Probe], classes: int
-                       ) -> list[float]:
-    """Accuracy of each member of one group (weights [K*C, d+1], member k = rows k*C..(k+1)*C) on its own
-    early-stopping rows."""
-    rows = np.unique(np.concatenate([probes[m].dev for m in members]))
-    position = np.full(len(features), -1, dtype=np.int64)
-    position[rows] = np.arange(len(rows))
-    logits = features[torch.as_tensor(rows)] @ weights.T  # [rows, K*C]
-    out = []
-    for k, m in enumerate(members):
-        dev = probes[m].dev
-        predicted = logits[torch.as_tensor(position[dev]), k * classes:(k + 1) * classes].argmax(1)
-        out.append((predicted == labels[torch.as_tensor(dev)]).double().sum().item() / len(dev))
-    return out
+@dataclass
+class EarlyStoppingRows:
+    """One group's early-stopping rows, laid out once: the union of its members' rows (in the order
+    `x[rows] @ W.T` scores them) and, for each (member, row) pair, where the row sits in the union, whose logits
+    slice it reads and its label."""
+
+    rows: torch.Tensor  # [U] union of the members' rows
+    positions: torch.Tensor  # [E] position in `rows` of each (member, row) pair
+    members: torch.Tensor  # [E] slot of the pair's member in the group
+    labels: torch.Tensor  # [E]
+    sizes: np.ndarray  # [K] early-stopping rows per member
+
+    @classmethod
+    def of(cls, members: list[int], probes: Sequence[Probe], labels: torch.Tensor) -> EarlyStoppingRows:
+        device = labels.device
+        union = np.unique(np.concatenate([probes[m].dev for m in members]))
+        devs = [probes[m].dev for m in members]
+        flat = np.concatenate(devs)
+        slot = np.repeat(np.arange(len(members)), [len(dev) for dev in devs])
+        return cls(torch.as_tensor(union, device=device), torch.as_tensor(np.searchsorted(union, flat), device=device),
+                   torch.as_tensor(slot, device=device), labels[torch.as_tensor(flat, device=device)],
+                   np.array([len(dev) for dev in devs], dtype=np.int64))
+
+    def correct(self, x_all: torch.Tensor, weights: torch.Tensor, classes: int) -> torch.Tensor:
+        """[K] correctly predicted early-stopping rows of each member (weights [K*C, d+1], member k = rows
+        k*C..(k+1)*C), on the device."""
+        logits = (x_all[self.rows] @ weights.T).view(len(self.rows), -1, classes)  # [U, K, C]
+        hit = logits[self.positions, self.members].argmax(1) == self.labels
+        return torch.zeros(len(self.sizes), dtype=torch.int64, device=hit.device).index_add_(0, self.members,
+                                                                                            hit.long())
 
 
 def fit_probes(features: torch.Tensor, labels: torch.Tensor, classes: int, probes: Sequence[Probe],
                config: ClassifierConfig) -> FittedProbes:
-    """Train every probe exactly as SentEval trains one classifier, all at once (see the module docstring).
+    """Train every probe exactly as SentEval trains one classifier, all at once, on the features' device (see the
+    module docstring).
 
     Layout: probes are grouped (see `group_probes`); group g holds K models side by side as one [K*C, d+1] matrix
     (nn.Linear's [out, in] layout with the bias as a last input column fed by a constant 1, so one Adam update and
@@ -157,8 +177,9 @@ def fit_probes(features: torch.Tensor, labels: torch.Tensor, classes: int, probe
     class-major ([G, K*C, batch]) so the softmax and the weight gradient run over long contiguous rows. The update is
     torch's fused Adam kernel (SentEval's Adam, weight decay added to the gradient first, as torch's Adam does),
     with a step count per group. A model that has stopped keeps computing inside its group until the whole group
-    stops, but is never read again."""
-    count, dim = len(probes), features.shape[1]
+    stops, but is never read again. Each step writes into buffers allocated once per epoch (no allocation, no page
+    faults per step), and the host reads from the device once per epoch (the early-stopping counts)."""
+    count, dim, device = len(probes), features.shape[1], features.device
     if any(len(p.train) == 0 or len(p.dev) == 0 for p in probes):
         raise DataError("a classifier has no training or no early-stopping rows; the task has too few examples "
                         f"for {config.kfold}-fold cross-validation")
@@ -167,13 +188,14 @@ def fit_probes(features: torch.Tensor, labels: torch.Tensor, classes: int, probe
     # pad every group to `width` models with copies of its first member (trained, never read)
     padded = np.asarray([members + members[:1] * (width - len(members)) for members in groups], dtype=np.int64)
     w0, b0 = initial_linear(dim, classes, config.seed)
-    start = torch.cat([w0.T, b0[:, None]], dim=1)  # [C, d+1]
-    x_all = torch.cat([features, torch.ones(len(features), 1, dtype=features.dtype)], dim=1)
+    start = torch.cat([w0.T, b0[:, None]], dim=1).to(device=device, dtype=features.dtype)  # [C, d+1]
+    x_all = torch.cat([features, torch.ones(len(features), 1, dtype=features.dtype, device=device)], dim=1)
+    stopping = [EarlyStoppingRows.of(members, probes, labels) for members in groups]
     params = start.repeat(len(groups), width, 1)  # [G, K*C, d+1]
     avg, avg_sq = torch.zeros_like(params), torch.zeros_like(params)
-    steps = torch.zeros(len(groups), dtype=torch.float32)  # fused Adam's step-count dtype
+    steps = torch.zeros(len(groups), dtype=torch.float32, device=device)  # fused Adam's step-count dtype
     l2 = torch.tensor([probes[m].l2 for m in padded.ravel()], dtype=features.dtype).view(len(groups), width)
-    l2 = l2.repeat_interleave(classes, dim=1)[:, :, None]  # [G, K*C, 1]
+    l2 = l2.repeat_interleave(classes, dim=1)[:, :, None].to(device)  # [G, K*C, 1]
     best = start.repeat(count, 1, 1)  # [M, C, d+1]
     best_acc = np.full(count, -1.0)
     misses = np.zeros(count, dtype=np.int64)
@@ -183,52 +205,72 @@ def fit_probes(features: torch.Tensor, labels: torch.Tensor, classes: int, probe
     adam = dict(lr=config.learning_rate, beta1=config.betas[0], beta2=config.betas[1], weight_decay=0.0,
                 eps=config.eps, amsgrad=False, maximize=False)
     bs = config.batch_size
-    nepoch = 0
+    nepoch, total_steps = 0, 0
     while len(live_groups) and nepoch <= config.max_epoch:
-        sel = torch.as_tensor(live_groups)
+        sel = torch.as_tensor(live_groups, device=device)
         w, m1, m2, t, decay = params[sel], avg[sel], avg_sq[sel], steps[sel], l2[sel]
         size = len(live_groups)
         views = (w.unbind(0), m1.unbind(0), m2.unbind(0), t.unbind(0))
         rngs = [probes[groups[g][0]].rng for g in live_groups]
         trains = [probes[groups[g][0]].train for g in live_groups]
+        # this epoch's step buffers (and views of them): the gathered batch, logits (then their gradient) and the
+        # weights' gradient
+        x = torch.empty(size * bs, dim + 1, dtype=features.dtype, device=device)
+        batch_x = x.view(size, bs, dim + 1)
+        batch_x_t = batch_x.transpose(1, 2)
+        logits = torch.empty(size, width * classes, bs, dtype=features.dtype, device=device)
+        grad_logits = torch.empty_like(logits)
+        per_class = (logits.view(size, width, classes, bs), grad_logits.view(size, width, classes, bs))
+        grad = torch.empty_like(w)
+        grads = grad.unbind(0)
+        minus_one = torch.full((size, width, 1, bs), -1.0, dtype=features.dtype, device=device)
         for _ in range(config.epoch_size):
             # one pass: each group's rows in its own permutation; batch j of group k = grid[k, j] (-1 = padding)
             longest = max(len(train) for train in trains)
             grid = np.full((size, -(-longest // bs) * bs), -1, dtype=np.int64)
             for k, (train, rng) in enumerate(zip(trains, rngs)):
                 grid[k, : len(train)] = train[rng.permutation(len(train))]
-            grid = torch.from_numpy(grid.reshape(size, -1, bs))
+            grid = grid.reshape(size, -1, bs)
             valid = grid >= 0
             batch_sizes = valid.sum(2)
-            # each row's weight in its batch's mean loss (0 for padding)
-            row_weight = valid.to(features.dtype) / batch_sizes.clamp(min=1).to(features.dtype)[:, :, None]
-            live_per_step = (batch_sizes > 0).T.numpy()
-            grid = grid.clamp(min=0)
-            minus_one = torch.full((size, width, 1, bs), -1.0, dtype=features.dtype)
-            for j in range(grid.shape[1]):
-                x = x_all[grid[:, j]]  # [G, bs, d+1]
-                y = labels[grid[:, j]]
-                logits = torch.bmm(w, x.transpose(1, 2)).view(size, width, classes, bs)
-                grad_logits = torch.softmax(logits, dim=2)
-                grad_logits.scatter_add_(2, y[:, None, None, :].expand(-1, width, 1, -1), minus_one)
-                grad_logits *= row_weight[:, None, None, j, :]
-                grad = torch.baddbmm(decay * w, grad_logits.view(size, width * classes, bs), x)
+            live_per_step = (batch_sizes > 0).T
+            # each row's weight in its batch's mean loss (0 for padding), steps first: [steps, G, 1, 1, bs]
+            row_weight = valid.astype(np.float32) / np.maximum(batch_sizes, 1).astype(np.float32)[:, :, None]
+            row_weight = torch.from_numpy(row_weight).to(device=device, dtype=features.dtype)
+            row_weight = row_weight.transpose(0, 1)[:, :, None, None, :]
+            grid = torch.from_numpy(np.ascontiguousarray(grid.clip(min=0).transpose(1, 0, 2))).to(device)
+            # per step (views, taken once per pass): rows to gather [G * bs], labels [G, K, 1, bs], row weights
+            targets = labels[grid][:, :, None, None, :].expand(-1, -1, width, 1, -1).unbind(0)
+            rows = grid.view(grid.shape[0], -1).unbind(0)
+            row_weight = row_weight.unbind(0)
+            total_steps += grid.shape[0]
+            for j in range(grid.shape[0]):
+                torch.index_select(x_all, 0, rows[j], out=x)
+                torch.bmm(w, batch_x_t, out=logits)
+                torch.ops.aten._softmax.out(per_class[0], 2, False, out=per_class[1])
+                per_class[1].scatter_add_(2, targets[j], minus_one)
+                per_class[1].mul_(row_weight[j])
+                torch.mul(decay, w, out=grad)
+                grad.baddbmm_(grad_logits, batch_x)
                 live = live_per_step[j]
                 if live.all():  # all but a pass's last batch or so: no group sits out
                     t += 1
-                    torch._fused_adam_(views[0], grad.unbind(0), views[1], views[2], [], views[3], **adam)
+                    torch._fused_adam_(views[0], grads, views[1], views[2], [], views[3], **adam)
                 else:  # a group without a batch at this step keeps its weights, moments and step count
                     keep = np.flatnonzero(live)
-                    t[torch.as_tensor(keep)] += 1
-                    grads = grad.unbind(0)
+                    t[torch.as_tensor(keep, device=device)] += 1
                     torch._fused_adam_(*([part[k] for k in keep] for part in (views[0], grads, views[1], views[2])),
                                        [], [views[3][k] for k in keep], **adam)
         nepoch += config.epoch_size
         params[sel], avg[sel], avg_sq[sel], steps[sel] = w, m1, m2, t
-        still = []
+        correct = torch.cat([stopping[g].correct(x_all, w[k], classes) for k, g in enumerate(live_groups)]).cpu()
+        correct = correct.numpy()
+        still, offset = [], 0
         for k, g in enumerate(live_groups):
-            accuracy = _member_accuracies(x_all, labels, w[k], groups[g], probes, classes)
-            for slot, m in enumerate(groups[g]):
+            members = groups[g]
+            accuracy = correct[offset:offset + len(members)] / stopping[g].sizes
+            offset += len(members)
+            for slot, m in enumerate(members):
                 if not active[m]:
                     continue
                 passes[m] = nepoch
@@ -239,10 +281,11 @@ def fit_probes(features: torch.Tensor, labels: torch.Tensor, classes: int, probe
                 if misses[m] >= config.tenacity:
                     active[m] = False
                 misses[m] += 1
-            if active[groups[g]].any():
+            if active[members].any():
                 still.append(g)
         live_groups = np.asarray(still, dtype=np.int64)
-    return FittedProbes(best[:, :, :dim].transpose(1, 2).contiguous(), best[:, :, dim].contiguous(), best_acc, passes)
+    return FittedProbes(best[:, :, :dim].transpose(1, 2).contiguous(), best[:, :, dim].contiguous(), best_acc, passes,
+                        total_steps)
 
 
 def _pick(scores: list[float], grid: Sequence[float]) -> float:
@@ -255,7 +298,7 @@ def _round(value: float) -> float:
 
 def inner_kfold(features: torch.Tensor, labels: torch.Tensor, classes: int, config: ClassifierConfig) -> dict:
     """Nested cross-validation (SentEval's InnerKFoldClassifier)."""
-    y = labels.numpy()
+    y = labels.cpu().numpy()
     outer = list(StratifiedKFold(config.kfold, shuffle=True, random_state=config.seed).split(np.zeros(len(y)), y))
     inner_split = StratifiedKFold(config.kfold, shuffle=True, random_state=config.seed)
     probes, layout = [], []
@@ -276,13 +319,14 @@ def inner_kfold(features: torch.Tensor, labels: torch.Tensor, classes: int, conf
                        [probe_with_holdout(train, l2, config) for (train, _), l2 in zip(outer, chosen)], config)
     fold_accuracy = [_round(refit.accuracy(features, labels, test, fold)) for fold, (_, test) in enumerate(outer)]
     return {"accuracy": round(float(np.mean(fold_accuracy)), 2), "dev_accuracy": round(float(np.mean(dev_scores)), 2),
-            "l2": chosen, "fold_accuracy": fold_accuracy, "classifiers": len(probes) + len(outer)}
+            "l2": chosen, "fold_accuracy": fold_accuracy, "classifiers": len(probes) + len(outer),
+            "steps": scan.steps + refit.steps}
 
 
 def kfold(features: torch.Tensor, labels: torch.Tensor, classes: int, train: np.ndarray, test: np.ndarray,
           config: ClassifierConfig, f1: bool = False) -> dict:
     """Cross-validation on train picks L2, then refit on train and score test (SentEval's KFoldClassifier)."""
-    y = labels.numpy()
+    y = labels.cpu().numpy()
     folds = list(StratifiedKFold(config.kfold, shuffle=True, random_state=config.seed).split(train, y[train]))
     probes = [probe_on(train[fold_train], train[fold_test], l2, config)
               for l2 in config.l2_grid for fold_train, fold_test in folds]
@@ -292,7 +336,8 @@ def kfold(features: torch.Tensor, labels: torch.Tensor, classes: int, train: np.
     l2 = _pick(scores, config.l2_grid)
     refit = fit_probes(features, labels, classes, [probe_with_holdout(train, l2, config)], config)
     result = {"accuracy": _round(refit.accuracy(features, labels, test, 0)), "dev_accuracy": max(scores), "l2": l2,
-              "l2_scan": dict(zip(map(str, config.l2_grid), scores)), "classifiers": len(probes) + 1}
+              "l2_scan": dict(zip(map(str, config.l2_grid), scores)), "classifiers": len(probes) + 1,
+              "steps": scan.steps + refit.steps}
     if f1:
         result["f1"] = _round(f1_score(y[test], refit.predict(features, test, 0)))
     return result
@@ -308,7 +353,7 @@ def split(features: torch.Tensor, labels: torch.Tensor, classes: int, train: np.
     best = int(np.argmax(scores))
     return {"accuracy": _round(fitted.accuracy(features, labels, test, best)), "dev_accuracy": max(scores),
             "l2": config.l2_grid[best], "l2_scan": dict(zip(map(str, config.l2_grid), scores)),
-            "classifiers": len(probes)}
+            "classifiers": len(probes), "steps": fitted.steps}
 
 
 def pair_features(left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -327,9 +372,11 @@ class TransferData:
     f1: bool = False
 
 
-def evaluate_transfer(data: TransferData, embeddings: np.ndarray, config: ClassifierConfig = ClassifierConfig()
-                      ) -> dict:
-    """Score one transfer task on `embeddings` (rows indexed by `data`); accuracy x100 (and F1 x100 for MRPC)."""
+def evaluate_transfer(data: TransferData, embeddings: np.ndarray, config: ClassifierConfig = ClassifierConfig(),
+                      device: torch.device | str | None = None) -> dict:
+    """Score one transfer task on `embeddings` (rows indexed by `data`); accuracy x100 (and F1 x100 for MRPC). The
+    classifiers train on `device` (None: the CPU), the scoring model's device in evaluate.py, in full float32
+    (no TF32)."""
     if data.protocol not in PROTOCOLS:
         raise DataError(f"unknown transfer protocol {data.protocol!r}; valid: {', '.join(PROTOCOLS)}")
     embeddings = np.asarray(embeddings, dtype=np.float32)
@@ -340,12 +387,14 @@ def evaluate_transfer(data: TransferData, embeddings: np.ndarray, config: Classi
         offsets[name] = np.arange(len(block)) + sum(len(b) for b in blocks)
         blocks.append(block)
         labels.append(np.asarray(part["labels"], dtype=np.int64))
-    features = torch.from_numpy(np.ascontiguousarray(np.concatenate(blocks)))
-    target = torch.from_numpy(np.concatenate(labels))
-    if data.protocol == "inner_kfold":
-        result = inner_kfold(features, target, data.classes, config)
-    elif data.protocol == "kfold":
-        result = kfold(features, target, data.classes, offsets["train"], offsets["test"], config, f1=data.f1)
-    else:
-        result = split(features, target, data.classes, offsets["train"], offsets["dev"], offsets["test"], config)
+    device = torch.device(device or "cpu")
+    features = torch.from_numpy(np.ascontiguousarray(np.concatenate(blocks))).to(device)
+    target = torch.from_numpy(np.concatenate(labels)).to(device)
+    with exact_matmuls():
+        if data.protocol == "inner_kfold":
+            result = inner_kfold(features, target, data.classes, config)
+        elif data.protocol == "kfold":
+            result = kfold(features, target, data.classes, offsets["train"], offsets["test"], config, f1=data.f1)
+        else:
+            result = split(features, target, data.classes, offsets["train"], offsets["dev"], offsets["test"], config)
     return {**result, "examples": {name: len(rows) for name, rows in offsets.items()}}

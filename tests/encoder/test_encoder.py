@@ -278,3 +278,61 @@ def test_autocast_and_parallel_batches_keys_are_checked_like_every_key():
         check_value("backbone.parallel_batches", 0, hints["parallel_batches"])
     check_value("backbone.autocast", "bf16", hints["autocast"])
     check_value("backbone.parallel_batches", 2, hints["parallel_batches"])
+
+
+def test_batch_spans_by_count_and_by_token_budget():
+    from promptemb.encoder.model import batch_spans
+
+    lengths = [40, 30, 30, 12, 10, 10, 10, 3, 2]  # sorted longest first, as encode_form sorts them
+    assert batch_spans(lengths, 4, None) == [(0, 4), (4, 8), (8, 9)]
+    # rows x the batch's first (longest) row <= 60; a row longer than the budget still gets a batch of its own
+    assert batch_spans(lengths, 4, 60) == [(0, 1), (1, 3), (3, 8), (8, 9)]
+    assert batch_spans(lengths, 4, 10) == [(i, i + 1) for i in range(7)] + [(7, 9)]
+    assert batch_spans([], 4, 60) == [] and batch_spans([], 4, None) == []
+    for budget in (1, 7, 25, 64, 1000):
+        spans = batch_spans(lengths, 4, budget)
+        assert [i for a, b in spans for i in range(a, b)] == list(range(len(lengths)))  # every input once, in order
+        assert all(b - a == 1 or (b - a) * lengths[a] <= budget for a, b in spans)
+
+
+def test_token_budget_batches_embed_what_count_batches_embed(tiny_bert):
+    """`max_batch_tokens`: length-sorted batches filled up to a token budget (few big batches of short sentences,
+    small ones of long sentences) give every pooler the embeddings of fixed-size batches, in the input order; the
+    encoder records how it batched."""
+    from promptemb.encoder.template import Template
+    from promptemb.poolers import build_poolers
+
+    sentences = [" ".join(["word"] * n) + f" {n}" for n in (5, 1, 3, 3, 9, 12, 2, 7, 30, 4, 0, 16)]
+    poolers = build_poolers(["mean", "cls", "mask", "first_last"])
+    template = Template('This sentence : "[X]" means [MASK] .')
+    by_count = Encoder(str(tiny_bert), device="cpu", batch_size=2, progress=False)
+    by_tokens = Encoder(str(tiny_bert), device="cpu", batch_size=2, progress=False, max_batch_tokens=60)
+    assert by_count.max_batch_tokens is None and by_count.describe()["batching"] == "2 inputs"  # auto on the CPU
+    assert by_tokens.describe()["batching"] == "60 padded tokens"
+    expected = by_count.embed(sentences, poolers, template)
+    batches = by_count.stats.forward_batches
+    got = by_tokens.embed(sentences, poolers, template)
+    assert by_tokens.stats.forward_batches < batches
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+    # an explicit per-call batch_size batches that call by count
+    by_tokens.stats.forward_batches = 0
+    by_tokens.embed(sentences, build_poolers(["mean"]), batch_size=2)
+    assert by_tokens.stats.forward_batches == -(-len(sentences) // 2)
+
+
+def test_max_batch_tokens_default_and_bad_values(tiny_bert, monkeypatch):
+    from promptemb.common.validation import check_value, parameter_hints
+    from promptemb.encoder.model import DEVICE_BATCH_TOKENS, resolve_batch_tokens
+
+    assert resolve_batch_tokens("auto", torch.device("cpu")) is None
+    assert resolve_batch_tokens("auto", torch.device("cuda")) == DEVICE_BATCH_TOKENS
+    assert resolve_batch_tokens(512, torch.device("cpu")) == 512 and resolve_batch_tokens(None, torch.device("cuda"))\
+        is None
+    with pytest.raises(ConfigError, match=r"^max_batch_tokens must be an integer >= 1, 'auto' or null, got 0$"):
+        Encoder(str(tiny_bert), device="cpu", max_batch_tokens=0)
+    hints = parameter_hints(Encoder)[0]
+    with pytest.raises(ConfigError, match=r"^backbone\.max_batch_tokens=0 "):
+        check_value("backbone.max_batch_tokens", 0, hints["max_batch_tokens"])
+    for value in ("auto", None, 4096):
+        check_value("backbone.max_batch_tokens", value, hints["max_batch_tokens"])

@@ -182,3 +182,107 @@ def test_real_labeled_tasks_load(real_data_root):
                      "tweet": {"all": 2472}}
     cr = get_tasks(["CR"])[0].load_labeled(real_data_root)["all"]  # 4 blank lines, kept as SentEval keeps them
     assert len(cr) == 3775 and cr.sentences[:4] == [""] * 4 and "" not in cr.sentences[4:]
+
+
+def blobs(k: int, n: int = 400, dim: int = 12, seed: int = 0, spread: float = 1.5) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, dim)) * spread
+    return (centres[rng.integers(0, k, size=n)] + rng.normal(size=(n, dim))).astype(np.float32) + 3.0
+
+
+@pytest.mark.parametrize("k, n_init", [(2, 3), (7, 10), (25, 4)])
+def test_batched_lloyd_runs_equal_scikit_learns_runs(k, n_init):
+    """`lloyd_runs` (the device k-means, here on the CPU) against scikit-learn's single Lloyd run from the same
+    centred seeds, run by run: same labels, same inertia (to float rounding), for runs that stop at different
+    iterations, with strict and tolerance convergence, and through several memory chunks."""
+    from sklearn.cluster import KMeans
+
+    from promptemb.evaluation.clustering import kmeans_tolerance, lloyd_runs, trial_seeds
+
+    x = blobs(k, seed=k)
+    seeder = seeder_for(x)
+    seeds = [s for trial in range(3) for s in trial_seeds(seeder, k, trial, n_init)]
+    inits = np.stack([seeder.x[s] for s in seeds])
+    for memory in (1 << 30, 4 * len(x) * k * 2):  # everything at once; two runs per chunk
+        runs = lloyd_runs(seeder.x, inits, "cpu", kmeans_tolerance(x), memory_bytes=memory)
+        for (labels, inertia), s in zip(runs, seeds, strict=True):
+            reference = KMeans(n_clusters=k, init=x[s], n_init=1).fit(x)
+            np.testing.assert_array_equal(labels, reference.labels_)
+            assert inertia == pytest.approx(reference.inertia_, rel=1e-5)
+    given = inits.copy()
+    few = lloyd_runs(seeder.x, inits[:4], "cpu", kmeans_tolerance(x), max_iter=1)  # one step, then assign
+    for (labels, _), s in zip(few, seeds[:4]):
+        np.testing.assert_array_equal(labels, KMeans(n_clusters=k, init=x[s], n_init=1, max_iter=1).fit(x).labels_)
+    np.testing.assert_array_equal(inits, given)  # the caller's initial centres are left as they were
+
+
+def test_batched_lloyd_relocates_empty_clusters_as_scikit_learn():
+    """Duplicate initial centres leave clusters empty (ties go to the first centre): each takes one of the points
+    farthest from their centre, exactly as scikit-learn's `_relocate_empty_clusters_dense`."""
+    from sklearn.cluster import KMeans
+
+    from promptemb.evaluation.clustering import kmeans_tolerance, lloyd_runs
+
+    x = blobs(5, n=300, seed=3)
+    centred = seeder_for(x).x
+    for picks in ([0, 0, 1, 2, 3], [7, 7, 7, 9, 11], [4, 4, 8, 8, 15]):
+        (labels, inertia), = lloyd_runs(centred, centred[picks][None], "cpu", kmeans_tolerance(x))
+        reference = KMeans(n_clusters=5, init=x[picks], n_init=1).fit(x)
+        np.testing.assert_array_equal(labels, reference.labels_)
+        assert len(np.unique(labels)) == 5 and inertia == pytest.approx(reference.inertia_, rel=1e-5)
+
+
+@pytest.mark.parametrize("k, n_init", [(3, 4), (9, 10)])
+def test_device_kmeans_equals_scikit_learns_kmeans(k, n_init):
+    """The device path (`kmeans="device"`, run here on the CPU: the code a GPU runs) gives
+    `KMeans(n_clusters=k, random_state=trial, n_init).fit_predict` for every trial, and evaluate_clustering the
+    same scores through either backend; `auto` picks scikit-learn for a CPU model, the device for a GPU one."""
+    from promptemb.evaluation.clustering import device_kmeans_trials
+
+    x = blobs(k, seed=10 + k)
+    config = ClusteringConfig(trials=3, n_init=n_init)
+    with threadpool_limits(limits=1, user_api="openmp"):
+        expected = [KMeans(n_clusters=k, random_state=t, n_init=n_init).fit_predict(x) for t in range(3)]
+    for got, want in zip(device_kmeans_trials(x, k, config, "cpu"), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    labels = np.arange(len(x)) % k
+    on_device = evaluate_clustering(x, labels, ClusteringConfig(trials=3, n_init=n_init, kmeans="device"))
+    on_cores = evaluate_clustering(x, labels, config)
+    assert on_device["trials"] == on_cores["trials"] and on_device["nmi"] == pytest.approx(on_cores["nmi"])
+    assert on_device["kmeans"] == "batched torch on cpu" and on_cores["kmeans"] == "scikit-learn"
+    assert config.backend("cpu") == "sklearn" and config.backend(None) == "sklearn"
+    assert config.backend("cuda:0") == "device" and ClusteringConfig(kmeans="sklearn").backend("cuda") == "sklearn"
+
+
+def test_kmeans_trials_spread_every_run_over_the_workers(monkeypatch):
+    """The unit of work is one (trial, initialisation) Lloyd run: with 3 trials x 4 initialisations, 12 runs go to
+    the pool (not 3), and the labels stay scikit-learn's whatever the number of workers."""
+    import promptemb.evaluation.clustering as clustering
+
+    x = blobs(4, n=200, seed=5)
+    calls = []
+    original = clustering.sklearn_lloyd
+    monkeypatch.setattr(clustering, "sklearn_lloyd", lambda data, seeds: calls.append(1) or original(data, seeds))
+    config = ClusteringConfig(trials=3, n_init=4)
+    with threadpool_limits(limits=1, user_api="openmp"):
+        expected = [KMeans(n_clusters=4, random_state=t, n_init=4).fit_predict(x) for t in range(3)]
+    for workers in (1, 5):
+        calls.clear()
+        for got, want in zip(kmeans_trials(x, 4, config, workers), expected, strict=True):
+            np.testing.assert_array_equal(got, want)
+        assert len(calls) == 12
+
+
+def test_seeding_rows_computed_on_a_device_equal_the_hosts():
+    """The device k-means computes the seeding's distance rows with torch on its device (here the CPU): the same
+    float64 arithmetic, so the float32 rows and the seeds equal numpy's."""
+    from promptemb.evaluation.clustering import trial_seeds
+
+    x = blobs(6, n=300, seed=7)
+    host, device = seeder_for(x), seeder_for(x, "cpu")
+    np.testing.assert_allclose(device.compute(slice(0, 40)), host.compute(slice(0, 40)), rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(device.compute(np.array([5, 1, 299])), host.compute(np.array([5, 1, 299])),
+                               rtol=1e-6, atol=1e-4)
+    for trial in range(3):
+        for a, b in zip(trial_seeds(device, 6, trial, 4), trial_seeds(host, 6, trial, 4), strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from sklearn.model_selection import StratifiedKFold
 
+from promptemb.common.device_profile import matmul_precision, set_matmul_precision
 from promptemb.common.errors import DataError
 from promptemb.evaluation.transfer import (
     ClassifierConfig,
@@ -90,6 +91,11 @@ def test_batched_probes_equal_plain_classifiers():
         torch.testing.assert_close(fitted.weights[m], model.weight.detach().T, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(fitted.biases[m], model.bias.detach(), rtol=1e-4, atol=1e-5)
     assert set(fitted.passes) <= set(range(TINY.epoch_size, TINY.max_epoch + TINY.epoch_size + 1, TINY.epoch_size))
+    # every pass of the batched problem takes as many steps as its longest live group has batches
+    batches = np.array([-(-len(p.train) // TINY.batch_size) for p in probes])
+    expected = sum(TINY.epoch_size * batches[fitted.passes >= end].max()
+                   for end in range(TINY.epoch_size, fitted.passes.max() + 1, TINY.epoch_size))
+    assert fitted.steps == expected
 
 
 def test_probes_sharing_training_rows_train_together_and_equal_plain_classifiers():
@@ -283,3 +289,34 @@ def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     bad = evaluate(f"backbone.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={tmp_path / 'x'}",
                    "tasks=[MINITR]", "+transfer_args.folds=3", data_root=root)
     assert bad.returncode == 2 and "unknown transfer_args field(s) folds" in bad.stderr
+
+
+def test_transfer_on_a_device_in_full_float32():
+    """`evaluate_transfer(device=...)` trains on that device (here the CPU, the code a GPU runs) and gives the
+    default's result; the classifiers run with IEEE float32 products (`exact_matmuls`: TF32 and oneDNN's bf16 off)
+    and the process's setting comes back."""
+    x, y = blobs(n=60, classes=2, seed=4)
+    data = TransferData("split", {"train": {"left": np.arange(40), "right": None, "labels": y[:40]},
+                                  "dev": {"left": np.arange(40, 50), "right": None, "labels": y[40:50]},
+                                  "test": {"left": np.arange(50, 60), "right": None, "labels": y[50:]}}, classes=2)
+    seen = []
+    original = torch.bmm
+    onednn = torch.backends.mkldnn.matmul
+
+    def spy(*args, **kwargs):
+        seen.append((matmul_precision(), onednn.fp32_precision))
+        return original(*args, **kwargs)
+
+    before = (onednn.fp32_precision, matmul_precision())
+    set_matmul_precision("tf32")
+    onednn.fp32_precision = "bf16"
+    try:
+        torch.bmm = spy
+        on_device = evaluate_transfer(data, x, TINY, device="cpu")
+    finally:
+        torch.bmm = original
+        assert (matmul_precision(), onednn.fp32_precision) == ("tf32", "bf16")
+        onednn.fp32_precision = before[0]
+        set_matmul_precision(before[1])
+    assert seen and set(seen) == {("ieee", "ieee")}
+    assert on_device == evaluate_transfer(data, x, TINY) and on_device["steps"] > 0

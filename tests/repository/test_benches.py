@@ -67,19 +67,45 @@ def test_encode_throughput(tiny6, real_data_root):
     assert re.search(r"^eager +[\d.]+ sentences/s", out, re.M)
     assert re.search(r"speed-up eager [\d.]+x", out) and re.search(r"speed-up compiled [\d.]+x", out)
     assert re.search(r"speed-up parallel_batches=2 [\d.]+x;", out)
-    assert re.search(r"speed-up parallel_batches=2 \+ onednn_linears [\d.]+x \(goal >= 1\.5x\); max abs diff of "
-                     r"unit embeddings [\d.e+-]+$", out, re.M)
+    assert re.search(r"speed-up parallel_batches=2 \+ onednn_linears [\d.]+x \(goal >= 1\.5x\); vs its defaults "
+                     r"[\d.]+x; max abs diff of unit embeddings [\d.e+-]+$", out, re.M)
+    assert re.search(r"^max_batch_tokens=16384 +[\d.]+ sentences/s", out, re.M)
+    assert re.search(r"^sentence-transformers defaults +[\d.]+ sentences/s", out, re.M)
+    assert re.search(r"^goal: the project's defaults vs SentenceTransformer\.encode's defaults on cpu: [\d.]+x", out,
+                     re.M)
+    assert "the project's defaults: 64 inputs per batch" in out
     assert re.search(r"^compiled +[\d.]+ sentences/s .*first call", out, re.M)
 
 
 @pytest.mark.slow
-def test_transfer_clustering_suite(tiny6, real_data_root, tmp_path):
+def test_evaluation_suite(tiny6, real_data_root, tmp_path):
+    """One evaluate.py process for all three families; the split adds up to the process wall time."""
     report = tmp_path / "suite.json"
-    out = bench("transfer_clustering_suite.py", "--model", tiny6, "--tasks", "TREC", "tweet", "--threads", 1,
-                "--output", report, data_root=real_data_root)
-    assert "transfer: encode" in out and "clustering: encode" in out
-    families = json.loads(report.read_text())["families"]
-    assert set(families["transfer"]["scores"]) >= {"TREC"} and set(families["clustering"]["scores"]) >= {"tweet"}
+    out = bench("evaluation_suite.py", "--model", tiny6, "--tasks", "STSBenchmark,TREC,tweet", "--threads", 1,
+                "--output", report,
+                "+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+clustering_args.trials=2",
+                "+clustering_args.n_init=2", data_root=real_data_root)
+    assert re.search(r"^evaluate\.py process wall [\d.]+ s", out, re.M)
+    for family, scoring in (("sts", "STS scoring"), ("transfer", "classifiers"), ("clustering", "k-means")):
+        assert re.search(rf"^  {family} +encoding +[\d.]+ s +{scoring} +[\d.]+ s$", out, re.M)
+    assert re.search(r"sentences/s\); classifiers \+ k-means \+ STS scoring [\d.]+ s = [\d.]+x encoding", out)
+    figures = json.loads(report.read_text())
+    split = figures["split"]
+    parts = split["start_up_s"] + split["load_and_report_s"] + split["encode_s"] + split["score_s"]
+    assert abs(parts - split["process_wall_s"]) < 0.5 and split["device"] == "cpu"
+    assert set(figures["scores"]) == {"sts", "transfer", "clustering"}
+    assert set(figures["scores"]["clustering"]["mean"]) == {"tweet", "avg"}
+
+
+@pytest.mark.slow
+def test_scorer_ab(tiny6, real_data_root, tmp_path):
+    """The A/B of the scorers, this checkout against itself: identical scores, embeddings cached for the next run."""
+    args = ("--baseline", REPO, "--tasks", "SICK-E", "tweet", "--model", tiny6, "--cache", tmp_path, "--threads", 1)
+    out = bench("scorer_ab.py", *args, data_root=real_data_root)
+    for task in ("SICK-E", "tweet"):
+        assert re.search(rf"^{task} +CPU ratio baseline / this [\d.]+x; scores identical$", out, re.M)
+    assert re.search(r"^SICK-E +this +[\d.]+ s wall +[\d.]+ s CPU  accuracy [\d.]+, \d+ steps$", out, re.M)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["SICK-E.mean.npy", "tweet.mean.npy"]
 
 
 @pytest.mark.slow

