@@ -42,6 +42,7 @@ class EvaluateSettings(BaseModel):
     post_args: dict
     fit_corpus: str
     analysis: bool
+    dims: list[AtLeastOne]
     max_sentence_tokens: AtLeastOne | None
     seed: Seed
     allow_unverified_weights: bool

@@ -22,7 +22,7 @@ from promptemb.encoder.model import Encoder, Truncation
 from promptemb.encoder.template import Template
 from promptemb.evaluation.fitting import load_fit_corpora, plan_poolers
 from promptemb.evaluation.pooler_variants import PooledEmbeddings, score_variants, task_rows
-from promptemb.evaluation.scoring_options import DEFAULT_OPTIONS, ScoringOptions
+from promptemb.evaluation.scoring_options import DEFAULT_OPTIONS, ScoringOptions, check_dims
 from promptemb.poolers.base import Pooler
 
 log = logging.getLogger(__name__)
@@ -110,9 +110,11 @@ def report_truncation(loaded: Sequence[IndexedTask], truncation: dict[str, Trunc
 
 
 def check_scoring(encoder: Encoder, poolers: Sequence[Pooler], template: Template | None, has_posts: bool,
-                  fit_corpus: str, corpora: Corpora) -> None:
+                  fit_corpus: str, corpora: Corpora, dims: Sequence[int] = ()) -> None:
     """Everything that can be wrong with a scoring request short of the STS data itself: poolers the model or
-    template cannot serve, unknown or missing fit corpora. Raises before any forward pass."""
+    template cannot serve, unknown or missing fit corpora, Matryoshka widths beyond the model's. Raises before any
+    forward pass."""
+    check_dims(dims, encoder.hidden_size)
     encoder.check_poolers(poolers, template)
     load_fit_corpora(poolers, has_posts, fit_corpus, corpora)
 
@@ -152,13 +154,14 @@ def evaluate_sts(
     "details", "post_processing", "analysis", "poolers" (provenance per label), "tasks", "unique_sentences"}.
     """
     corpora = options.corpora_for(root, tasks)
-    check_scoring(encoder, poolers, options.template, bool(options.posts), options.fit_corpus, corpora)
+    check_scoring(encoder, poolers, options.template, bool(options.posts), options.fit_corpus, corpora, options.dims)
     index = SentenceIndex()
     loaded = load_and_index(tasks, root, index)
     plans, pooled, reference_rows = encode_plans(encoder, index, loaded, poolers, options, corpora,
                                                  options.max_sentence_tokens)
     truncated = report_truncation(loaded, encoder.truncation)
-    result = score_variants(loaded, pooled, score_task, options.posts, options.fit_corpus, reference_rows, analyse)
+    result = score_variants(loaded, pooled, score_task, options.posts, options.fit_corpus, reference_rows, analyse,
+                            dims=options.dims)
     result["poolers"] = {plan.label: plan.describe() for plan in plans}
     result["fit_corpora"] = corpora.sources
     result["tasks"] = {
