@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from promptemb.common.bounds import AtLeastOne, NonNegativeInt, Seed
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.download import DEFAULT_CACHE, fetch, load_source
+from promptemb.data.mined_triplets import mined_provenance
 from promptemb.data.pretokenized import (
     PretokenizedExamples,
     SentenceTokenization,
@@ -286,7 +287,8 @@ class TextLinesDataModule(_StringDataModule):
 
 class TripletDataModule(_StringDataModule):
     """(sentence, entailment, contradiction) triplets: `format: nli_csv` (SimCSE's nli_for_simcse.csv, local or
-    `download: nli`) or `format: sick` (triplets built from SICK train, for CPU-scale runs)."""
+    `download: nli`, or a file of mined hard negatives, `python -m promptemb.research.mine_hard_negatives`, whose
+    provenance is checked against it) or `format: sick` (triplets built from SICK train, for CPU-scale runs)."""
 
     file_keys = ("file",)
 
@@ -294,6 +296,7 @@ class TripletDataModule(_StringDataModule):
     def check_file(cls, path: Path, settings: dict) -> None:
         if settings.get("format", "nli_csv") == "nli_csv":
             check_nli_header(path)
+            mined_provenance(path)  # a mined file must still be the one its provenance describes
 
     def __init__(self, file: str, format: Literal["nli_csv", "sick"] = "nli_csv", batch_size: AtLeastOne = 64,
                  **kwargs):
@@ -302,10 +305,14 @@ class TripletDataModule(_StringDataModule):
             raise ConfigError(f"unknown triplet format {format!r}; valid: nli_csv, sick")
         self.file = file
         self.format = format
+        self.mined: dict | None = None  # the provenance of a mined hard-negative file, as checked when read
 
     def load(self) -> list[tuple[str, str, str]]:
         path = self.resolve(self.file)
-        return read_nli_csv(path) if self.format == "nli_csv" else sick_triplets(path)
+        if self.format == "sick":
+            return sick_triplets(path)
+        self.mined = mined_provenance(path)
+        return read_nli_csv(path)
 
     def sentences_of(self, example) -> tuple[str, ...]:
         return example
