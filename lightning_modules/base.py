@@ -86,7 +86,7 @@ class PromptContrastiveModule(pl.LightningModule):
                               "subtracts; with model.denoise=false there is none: drop model.freeze_bias")
         check_matryoshka_settings(settings.get("matryoshka_dims"), settings.get("matryoshka_weights"))
         if settings.get("matryoshka_dims") and (width := configured_width(settings.get("model_name_or_path"))):
-            Matryoshka.build(settings["matryoshka_dims"]).check_width(width, cls.__name__)
+            Matryoshka.build(settings["matryoshka_dims"]).check_width(width, cls.__name__, warn=False)
 
     def __init__(
         self,

@@ -85,14 +85,14 @@ class Matryoshka:
         pairs = sorted(zip((int(d) for d in dims), weights, strict=True), key=lambda pair: pair[0], reverse=True)
         return cls(tuple(d for d, _ in pairs), tuple(w for _, w in pairs))
 
-    def check_width(self, width: int, owner: str, key: str = "model.matryoshka_dims") -> None:
+    def check_width(self, width: int, owner: str, key: str = "model.matryoshka_dims", warn: bool = True) -> None:
         """Every width fits the `width`-wide representation; a list without the full width trains the full
-        representation only through its prefixes (sentence-transformers warns too)."""
+        representation only through its prefixes (`warn`: say so, as sentence-transformers does)."""
         too_wide = [d for d in self.dims if d > width]
         if too_wide:
             raise ConfigError(f"{key}={list(self.dims)}: {too_wide[0]} is wider than {owner}'s {width}-dimensional "
                               f"representation; use widths <= {width}, e.g. [{width},{max(1, width // 3)}]")
-        if width not in self.dims:
+        if warn and width not in self.dims:
             log.warning("%s=%s does not list the full width %d: the full representation is trained only through "
                         "its prefixes; add %d to train it as well", key, list(self.dims), width, width)
 

@@ -108,9 +108,9 @@ def check_output(output: Path, inputs: list[Path], overwrite: bool) -> None:
         raise ConfigError(f"--output {output} is one of the input files; write the mined file elsewhere")
     if (output.exists() or provenance_path(output).exists()) and not overwrite:
         raise ConfigError(f"--output {output} exists; pass --overwrite to replace it, or another --output")
-    parent = output.parent if str(output.parent) else Path(".")
-    if not parent.exists():
-        raise ConfigError(f"--output {output}: its folder {parent} does not exist; create it first")
+    existing = next((p for p in (output.parent, *output.parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ConfigError(f"--output {output}: {existing} is a file, not a folder")
 
 
 def held_out_filter(pairs, corpus, root: Path, tasks: list[str]):
@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         "timestamp": utc_timestamp(),
         "wall_time_s": round(time.perf_counter() - started, 2),
     }
+    output.parent.mkdir(parents=True, exist_ok=True)  # only now: a refused command leaves no folder behind
     written = write_mined_file(output, mined.triplets, record)
     print(report(statistics, settings))
     announce(f"{len(mined.triplets):,} triplets for {statistics['anchors']:,} anchors ({len(pairs):,} pairs, "

@@ -91,5 +91,14 @@ def test_evaluate_cli_scores_widths_and_refuses_a_wider_one(mini_data, tiny_bert
     assert_one_line_error(evaluate(*common, "dims=[64]", f"output_dir={refused}", data_root=root),
                           re.escape("dims=[64]: 64 is wider than the model's 32-dimensional embeddings"), refused,
                           status=2)
-    assert_one_line_error(evaluate(*common, "dims=[0,8]", f"output_dir={refused}", data_root=root),
-                          re.escape("dims=[0, 8]: every width must be an integer >= 1"), refused, status=2)
+
+
+def test_dims_in_encode_mode_is_refused_as_a_score_mode_key(tmp_path):
+    from promptemb.common.cli import check_command_line
+    from promptemb.evaluation.config_checks import check_mode_keys
+
+    with pytest.raises(ConfigError, match=r"^dims= is read in score mode only and this is encode mode \(it would be "
+                                          r"ignored\)$"):
+        check_command_line("evaluate", ["mode=encode", "dims=[8]", f"output_dir={tmp_path / 'out'}"],
+                           check_mode_keys("score"))
+    assert not list(tmp_path.iterdir())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +93,12 @@ def test_mined_file_trains_exports_and_is_evaluated_at_its_widths(tiny_bert, pai
     card = (export / "README.md").read_text()
     assert "Matryoshka training: widths [32, 8]" in card and "truncate_dim=8" in card
     assert f"hard negatives mined by `{tiny_bert}`" in card
+    from sentence_transformers import SentenceTransformer  # the card's truncate_dim: the first 8 components
+
+    sentences = [a for a, _ in PAIRS[:4]]
+    full = SentenceTransformer(str(export), trust_remote_code=True, device="cpu").encode(sentences)
+    short = SentenceTransformer(str(export), trust_remote_code=True, device="cpu", truncate_dim=8).encode(sentences)
+    np.testing.assert_allclose(short, full[:, :8], atol=1e-6)
 
     # evaluate.py scores the export at chosen widths (its own [MASK] pooler, denoised with its head)
     root, registry = mini_data
@@ -134,6 +139,17 @@ def test_a_plain_nli_csv_and_a_foreign_json_beside_it_are_read_as_before(tmp_pat
     assert module.load() == [("a", "b", "c"), ("d", "e", "f")] and module.mined is None
 
 
+def refusal(capsys, *args: str) -> str:
+    """The command in process, as its console entry runs it: exit 2 and exactly one `error:` line on stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--absolute-margin", "-0.1"], "absolute_margin=-0.1 is out of range: absolute_margin is a cosine difference, "
                                     "from 0 to 2"),
@@ -146,26 +162,28 @@ def test_a_plain_nli_csv_and_a_foreign_json_beside_it_are_read_as_before(tmp_pat
     (["--pooler", "idf"], "--pooler idf is fitted on a corpus"),
     (["--pooler", "nope"], "unknown pooler 'nope'"),
 ])
-def test_bad_settings_are_one_line_before_any_model_loads(flags, message, pair_file, tmp_path):
-    out = tmp_path / "out.csv"
-    proc = mine("--input", str(pair_file), "--format", "pairs_tsv", "--output", str(out), "--model",
-                str(tmp_path / "no-such-model-is-read"), "--held-out-tasks", *flags)
-    assert_one_line_error(proc, re.escape(message), out, Path(f"{out}.json"))
+def test_bad_settings_are_one_line_before_any_model_loads(flags, message, pair_file, tmp_path, capsys):
+    """The model named does not exist: each refusal comes before anything would read it, and writes nothing."""
+    out = tmp_path / "new" / "out.csv"
+    line = refusal(capsys, "--input", str(pair_file), "--format", "pairs_tsv", "--output", str(out), "--model",
+                   str(tmp_path / "no-such-model-is-read"), "--held-out-tasks", *flags)
+    assert line.startswith(f"error: {message}"), line
+    assert not (tmp_path / "new").exists()
 
 
-def test_existing_output_missing_input_and_wrong_format_are_refused(pair_file, tmp_path):
+def test_existing_output_missing_input_and_wrong_format_are_refused(pair_file, tmp_path, capsys):
     out = tmp_path / "out.csv"
     out.write_text("keep me\n")
-    proc = mine("--input", str(pair_file), "--format", "pairs_tsv", "--output", str(out))
-    assert_one_line_error(proc, r"--output .*out\.csv exists; pass --overwrite")
+    # as users run it (a subprocess): one line, exit 2, nothing changed
+    assert_one_line_error(mine("--input", str(pair_file), "--format", "pairs_tsv", "--output", str(out)),
+                          r"--output .*out\.csv exists; pass --overwrite")
     assert out.read_text() == "keep me\n"
     fresh = tmp_path / "fresh.csv"
-    assert_one_line_error(mine("--input", str(tmp_path / "none.tsv"), "--output", str(fresh)),
-                          r"none\.tsv does not exist", fresh)
-    assert_one_line_error(mine("--input", str(pair_file), "--format", "sick", "--output", str(fresh)),
-                          r"not a SICK file", fresh)
-    assert_one_line_error(mine("--input", str(pair_file), "--format", "pairs_tsv", "--output",
-                               str(tmp_path / "out.txt")), r"write a \.csv file", tmp_path / "out.txt")
+    assert "none.tsv does not exist" in refusal(capsys, "--input", str(tmp_path / "none.tsv"), "--output", str(fresh))
+    assert "not a SICK file" in refusal(capsys, "--input", str(pair_file), "--format", "sick", "--output", str(fresh))
+    assert "write a .csv file" in refusal(capsys, "--input", str(pair_file), "--format", "pairs_tsv", "--output",
+                                          str(tmp_path / "out.txt"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv", "pairs.tsv"]
 
 
 def test_held_out_sentences_are_dropped_before_mining(real_data_root, tmp_path):
