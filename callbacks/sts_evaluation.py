@@ -31,6 +31,7 @@ from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import DivergenceError
 from promptemb.common.instantiate import keywords_of, split_keywords
 from promptemb.common.io import atomic_write_json
+from promptemb.data.mined_triplets import mined_summary
 from promptemb.data.tasks import STS_SUITE
 from promptemb.encoder.model import Encoder, Shard, attention_implementation, combine_needs
 from promptemb.evaluation.plots import plot_curve
@@ -132,7 +133,7 @@ class STSEvaluationCallback(pl.Callback):
         extra = self.dev_extra_poolers if extra_poolers is None else extra_poolers
         with self._scoring(module, extra, shard) as (encoder, poolers):
             options = self.session.options(module.eval_template, module.hparams.sentence_rule,
-                                           post_processors=final)
+                                           post_processors=final, dims=self.final_dims(module) if final else ())
             result = self.session.score(encoder, tasks, poolers, options, full=final)
         return result, encoder, poolers, options
 
@@ -145,9 +146,18 @@ class STSEvaluationCallback(pl.Callback):
         requests = [(self.dev_extra_poolers, False)]
         if self.score_best_at_end:
             requests.append((self.extra_poolers, True))
-        for extra, post_processors in requests:
+        for extra, final in requests:
             with self._scoring(module, extra) as (encoder, poolers):
-                self.session.check(encoder, poolers, module.eval_template, post_processors)
+                self.session.check(encoder, poolers, module.eval_template, final,
+                                   dims=self.final_dims(module) if final else ())
+
+    def final_dims(self, module) -> tuple[int, ...]:
+        """The widths the final table scores each pooler at (rows `pooler@d`): the configured `dims`, else the
+        Matryoshka widths the module trained (none for a plain run)."""
+        if self.session.settings.dims:
+            return tuple(self.session.settings.dims)
+        matryoshka = getattr(module, "matryoshka", None)
+        return matryoshka.dims if matryoshka is not None else ()
 
     def _dev_scores(self, trainer, module) -> dict[str, float]:
         started = time.perf_counter()
@@ -267,6 +277,10 @@ class STSEvaluationCallback(pl.Callback):
                                    selected_on=self._metric(SELECTION_POOLER),
                                    best_dev=float(best_score) if best_score is not None else None)
         provenance.update(wall_time_s=round(time.perf_counter() - started, 2), **self.provenance)
+        if (matryoshka := getattr(module, "matryoshka", None)) is not None:
+            provenance["matryoshka"] = matryoshka.describe()  # the widths and weights it was trained with
+        if (mined := getattr(trainer.datamodule, "mined", None)) is not None:
+            provenance["training_data_mined"] = mined_summary(mined)  # what mined its hard negatives
         self.session.report(self.output_dir, self.session.record(result, provenance))
         log.info("final scores written to %s", self.output_dir / "results.md")
         for family, family_result in result["families"].items():  # final/sts, final/transfer, final/clustering

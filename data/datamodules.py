@@ -30,6 +30,7 @@ from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.corpus_tables import CorpusRows, CorpusSource, CorpusTable, TooFewExamplesError, corpus_table
 from promptemb.data.download import DEFAULT_CACHE, fetch, load_source
+from promptemb.data.mined_triplets import mined_provenance
 from promptemb.data.pretokenized import (
     PretokenizedExamples,
     SentenceTokenization,
@@ -318,7 +319,8 @@ class TextLinesDataModule(_StringDataModule):
 
 class TripletDataModule(_StringDataModule):
     """(sentence, entailment, contradiction) triplets: `format: nli_csv` (SimCSE's nli_for_simcse.csv, local or
-    `download: nli`) or `format: sick` (triplets built from SICK train, for CPU-scale runs)."""
+    `download: nli`, or a file of mined hard negatives, `python -m promptemb.research.mine_hard_negatives`, whose
+    provenance is checked against it) or `format: sick` (triplets built from SICK train, for CPU-scale runs)."""
 
     file_keys = ("file",)
 
@@ -326,6 +328,7 @@ class TripletDataModule(_StringDataModule):
     def check_file(cls, path: Path, settings: dict) -> None:
         if settings.get("format", "nli_csv") == "nli_csv":
             check_nli_header(path)
+            mined_provenance(path)  # a mined file must still be the one its provenance describes
 
     def __init__(self, file: str, format: Literal["nli_csv", "sick"] = "nli_csv", batch_size: AtLeastOne = 64,
                  **kwargs):
@@ -334,9 +337,15 @@ class TripletDataModule(_StringDataModule):
             raise ConfigError(f"unknown triplet format {format!r}; valid: nli_csv, sick")
         self.file = file
         self.format = format
+        self.mined: dict | None = None  # the provenance of a mined hard-negative file, as checked when read
 
     def corpus_format(self) -> str:
         return self.format
+
+    def _open_corpus(self) -> CorpusTable:
+        if self.format == "nli_csv":  # a mined file must still be the one its provenance describes
+            self.mined = mined_provenance(self.resolve(self.file))
+        return super()._open_corpus()
 
     def corpus_paths(self) -> list[Path]:
         return [self.resolve(self.file)]

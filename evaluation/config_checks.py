@@ -42,6 +42,7 @@ class EvaluateSettings(BaseModel):
     post_args: dict
     fit_corpus: str
     analysis: bool
+    dims: list[AtLeastOne]
     max_sentence_tokens: AtLeastOne | None
     seed: Seed
     allow_unverified_weights: bool
@@ -92,7 +93,7 @@ def check_evaluate_config(cfg: DictConfig) -> None:
 MODE_ONLY_KEYS = {
     "encode": {"pooler": "poolers=[NAME]", "input": None, "output": None},
     "score": {"poolers": "pooler=NAME", "post": None, "post_args": None, "tasks": None, "analysis": None,
-              "transfer_args": None, "clustering_args": None},
+              "transfer_args": None, "clustering_args": None, "dims": None},
 }
 
 

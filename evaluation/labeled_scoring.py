@@ -87,7 +87,7 @@ def evaluate_labeled(
     and of classifier / k-means scoring."""
     transfer_config, clustering_config = transfer_config or ClassifierConfig(), clustering_config or ClusteringConfig()
     corpora = options.corpora_for(root, tasks)
-    check_scoring(encoder, poolers, options.template, bool(options.posts), options.fit_corpus, corpora)
+    check_scoring(encoder, poolers, options.template, bool(options.posts), options.fit_corpus, corpora, options.dims)
     # read and verify every task before any encoding, so bad data fails fast
     loaded_splits = [(spec, spec.load_labeled(root)) for spec in tasks]
     groups: dict[int | None, list] = {}
@@ -105,7 +105,7 @@ def evaluate_labeled(
         result = score_variants(
             loaded, pooled,
             lambda task, emb: score_labeled_task(task, emb, transfer_config, clustering_config, encoder.device),
-            options.posts, options.fit_corpus, reference_rows, main_key="accuracy")
+            options.posts, options.fit_corpus, reference_rows, main_key="accuracy", dims=options.dims)
         score_s, score_cpu = score_s + time.perf_counter() - started, score_cpu + time.process_time() - cpu
         for label, per_task in result["details"].items():
             merged["details"].setdefault(label, {}).update(per_task)

@@ -2,7 +2,9 @@
 caller that already holds embeddings of a sentence index (e.g. a training-time STS callback).
 
 A *variant* is one pooler's embeddings, raw or passed through one post-processor fitted on a named corpus; its
-label says both, e.g. `mean`, `mean+quantile_u(T)`, `idf(T)+whiten(W)`.
+label says both, e.g. `mean`, `mean+quantile_u(T)`, `idf(T)+whiten(W)`. With Matryoshka widths, each pooler is
+also scored on its first d components (`mean@128`, truncated before any post-processor or normalisation: cosine
+and every fit see the d-dimensional prefix), raw and through each post-processor (`mean@128+whiten(T)`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from promptemb.common.errors import ConfigError
 from promptemb.data.fit_corpora import TARGET
 from promptemb.postprocessing.base import PostProcessor
 
@@ -57,6 +60,7 @@ def score_variants(
     reference_rows: np.ndarray | None = None,
     analyse: Callable | None = None,
     main_key: str = "spearman",
+    dims: Sequence[int] = (),
 ) -> dict:
     """Scores of every pooler, raw and with each post-processor, on every task.
 
@@ -64,6 +68,7 @@ def score_variants(
     score record; post-processors are fitted on the task's own rows when `fit_corpus` is "T", else on
     `reference_rows` (the corpus' sentences, encoded in the same pass). `analyse(task, embeddings)` (optional)
     returns extra metrics per variant and task. `main_key` names the score record's main score (the table value).
+    `dims`: widths each pooler is also scored at (rows `label@d`; a width equal to the pooler's is its plain row).
     Returns {"scores": {label: {task: x100, "avg"}}, "pearson": (the same table of Pearson x100 where the records
     have one, i.e. STS; else None), "details": {...}, "post_processing": {label: record},
     "analysis": {label: {task: metrics}} or None}.
@@ -74,16 +79,17 @@ def score_variants(
     for pooler in pooled:
         for task in tasks:
             name = task.spec.name
-            embeddings = pooler.for_task(name)
-            variants = [(pooler.label, embeddings)]
             rows = task_rows(task)
-            for post in posts:
-                fit_rows = rows if fit_corpus == TARGET else reference_rows
-                transformed, fitted = post_processed(embeddings, rows, post, fit_corpus, fit_rows)
-                label = f"{pooler.label}+{fitted.label}"
-                variants.append((label, transformed))
-                record = post_records.setdefault(label, {**fitted.describe(), "fit_corpus_size": {}})
-                record["fit_corpus_size"][name] = fitted.corpus_size
+            variants = []
+            for base, embeddings in truncations(pooler.label, pooler.for_task(name), dims):
+                variants.append((base, embeddings))
+                for post in posts:
+                    fit_rows = rows if fit_corpus == TARGET else reference_rows
+                    transformed, fitted = post_processed(embeddings, rows, post, fit_corpus, fit_rows)
+                    label = f"{base}+{fitted.label}"
+                    variants.append((label, transformed))
+                    record = post_records.setdefault(label, {**fitted.describe(), "fit_corpus_size": {}})
+                    record["fit_corpus_size"][name] = fitted.corpus_size
             for label, emb in variants:
                 details.setdefault(label, {})[name] = score_task(task, emb)
                 if analyse is not None:
@@ -92,6 +98,17 @@ def score_variants(
     return {"scores": metric_table(details, main_key),
             "pearson": metric_table(details, "pearson") if details and has_pearson else None,
             "details": details, "post_processing": post_records or None, "analysis": analysis or None}
+
+
+def truncations(label: str, embeddings: np.ndarray, dims: Sequence[int]) -> list[tuple[str, np.ndarray]]:
+    """(label, embeddings), then (`label@d`, the first d components) for each width d below the embeddings' own,
+    widest first (Matryoshka evaluation: cosine of the prefix, normalised after truncation)."""
+    width = embeddings.shape[1]
+    if too_wide := [d for d in dims if d > width]:
+        raise ConfigError(f"dims: {too_wide[0]} is wider than pooler {label}'s {width}-dimensional embeddings; use "
+                          f"widths <= {width}")
+    return [(label, embeddings)] + [(f"{label}@{d}", embeddings[:, :d]) for d in sorted(set(dims), reverse=True)
+                                    if d < width]
 
 
 def metric_table(details: dict[str, dict[str, dict]], metric: str) -> dict[str, dict[str, float]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from promptemb.common.bounds import AtLeastOne
 from promptemb.common.errors import ConfigError
 from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.root import resolve_data_root
@@ -23,7 +24,7 @@ from promptemb.encoder.template import Template
 from promptemb.evaluation.analysis import analyse_task
 from promptemb.evaluation.clustering import ClusteringConfig
 from promptemb.evaluation.report import attach_scoring_details, scoring_provenance, write_report
-from promptemb.evaluation.scoring_options import ScoringOptions
+from promptemb.evaluation.scoring_options import ScoringOptions, check_dims
 from promptemb.evaluation.sts import check_scoring, evaluate_sts
 from promptemb.evaluation.task_families import evaluate_tasks
 from promptemb.evaluation.transfer import ClassifierConfig
@@ -46,6 +47,10 @@ class ScoringSettings:
     task_registry: str | None = None
     transfer_args: dict | None = field(default_factory=dict)
     clustering_args: dict | None = field(default_factory=dict)
+    dims: Sequence[AtLeastOne] = ()  # Matryoshka widths: each pooler also scored on its first d components
+
+    def __post_init__(self) -> None:
+        check_dims(self.dims, width=0)  # integers >= 1, none twice; the model's width is checked once it loads
 
 
 def protocol_config(kind, overrides, key: str):
@@ -101,15 +106,19 @@ class ScoringSession:
         return get_tasks(list(names), self.corpora().registry)
 
     def options(self, template: Template | None, sentence_rule: str, max_sentence_tokens: int | None = None,
-                post_processors: bool = True) -> ScoringOptions:
+                post_processors: bool = True, dims: Sequence[int] | None = None) -> ScoringOptions:
+        """`dims`: the Matryoshka widths scored (default: the settings'; the training callback passes a trained
+        model's own when none are set)."""
         return ScoringOptions(template, sentence_rule, max_sentence_tokens,
-                              self.posts if post_processors else (), self.fit_corpus, self.corpora())
+                              self.posts if post_processors else (), self.fit_corpus, self.corpora(),
+                              tuple(self.settings.dims if dims is None else dims))
 
     def check(self, encoder: Encoder, poolers: list[Pooler], template: Template | None,
-              post_processors: bool = True) -> None:
-        """The poolers against the model (Ditto head, attentions, MLM head, template) and their fit corpora."""
+              post_processors: bool = True, dims: Sequence[int] | None = None) -> None:
+        """The poolers against the model (Ditto head, attentions, MLM head, template), their fit corpora and the
+        Matryoshka widths (`dims`, default the settings')."""
         check_scoring(encoder, poolers, template, post_processors and bool(self.posts), self.fit_corpus,
-                      self.corpora())
+                      self.corpora(), self.settings.dims if dims is None else dims)
 
     def score(self, encoder: Encoder, task_names: Sequence[str], poolers: list[Pooler], options: ScoringOptions,
               full: bool = True) -> dict:
@@ -127,6 +136,7 @@ class ScoringSession:
         """The provenance record of `result` (moves its scoring details into the record)."""
         prov = scoring_provenance(encoder, options.template, options.sentence_rule, options.max_sentence_tokens,
                                   poolers, versions)
+        prov["dims"] = list(options.dims)  # rows `pooler@d`: the first d components, truncated before normalising
         return attach_scoring_details(prov, result, self.fit_corpus)
 
     @staticmethod

@@ -23,7 +23,7 @@ from promptemb.encoder.model import Encoder, Truncation
 from promptemb.encoder.template import Template
 from promptemb.evaluation.fitting import load_fit_corpora, plan_poolers
 from promptemb.evaluation.pooler_variants import PooledEmbeddings, score_variants, task_rows
-from promptemb.evaluation.scoring_options import DEFAULT_OPTIONS, ScoringOptions
+from promptemb.evaluation.scoring_options import DEFAULT_OPTIONS, ScoringOptions, check_dims
 from promptemb.poolers.base import Pooler
 
 log = logging.getLogger(__name__)
@@ -111,9 +111,11 @@ def report_truncation(loaded: Sequence[IndexedTask], truncation: dict[str, Trunc
 
 
 def check_scoring(encoder: Encoder, poolers: Sequence[Pooler], template: Template | None, has_posts: bool,
-                  fit_corpus: str, corpora: Corpora) -> None:
+                  fit_corpus: str, corpora: Corpora, dims: Sequence[int] = ()) -> None:
     """Everything that can be wrong with a scoring request short of the STS data itself: poolers the model or
-    template cannot serve, unknown or missing fit corpora. Raises before any forward pass."""
+    template cannot serve, unknown or missing fit corpora, Matryoshka widths beyond the model's. Raises before any
+    forward pass."""
+    check_dims(dims, encoder.hidden_size)
     encoder.check_poolers(poolers, template)
     load_fit_corpora(poolers, has_posts, fit_corpus, corpora)
 
@@ -154,7 +156,7 @@ def evaluate_sts(
     "timing" (wall seconds of encoding and of scoring)}.
     """
     corpora = options.corpora_for(root, tasks)
-    check_scoring(encoder, poolers, options.template, bool(options.posts), options.fit_corpus, corpora)
+    check_scoring(encoder, poolers, options.template, bool(options.posts), options.fit_corpus, corpora, options.dims)
     index = SentenceIndex()
     loaded = load_and_index(tasks, root, index)
     started = time.perf_counter()
@@ -162,7 +164,8 @@ def evaluate_sts(
                                                  options.max_sentence_tokens)
     encoded = time.perf_counter()
     truncated = report_truncation(loaded, encoder.truncation)
-    result = score_variants(loaded, pooled, score_task, options.posts, options.fit_corpus, reference_rows, analyse)
+    result = score_variants(loaded, pooled, score_task, options.posts, options.fit_corpus, reference_rows, analyse,
+                            dims=options.dims)
     result["timing"] = {"encode_s": round(encoded - started, 2), "score_s": round(time.perf_counter() - encoded, 2)}
     result["poolers"] = {plan.label: plan.describe() for plan in plans}
     result["fit_corpora"] = corpora.sources

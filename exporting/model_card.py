@@ -58,6 +58,14 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
            f"whose weights must hash to sha256 `{adapter['base_weights_sha256']}`; needs `pip install peft`"]
           if adapter else []),
         f"* max length {record['max_length']} tokens, sentence truncated to {record['max_sentence_tokens']} tokens",
+        *([f"* Matryoshka training: widths {source['matryoshka']['dims']} (weights "
+           f"{source['matryoshka']['weights']}): the first d components are an embedding of their own, e.g. "
+           f"`SentenceTransformer(DIR, trust_remote_code=True, truncate_dim={source['matryoshka']['dims'][-1]})`"]
+          if source.get("matryoshka") else []),
+        *([f"* hard negatives mined by `{mined[0]['encoder']['name_or_path']}` "
+           f"({mined[0]['encoder']['pooler']} pooling; settings and source checksums in config.json's "
+           "`promptemb.source.training_data.mined`)"]
+          if (mined := [m for m in (source.get("training_data") or {}).get("mined") or [] if m]) else []),
         f"* source checkpoint: `{source.get('checkpoint')}` (sha256 `{source.get('checkpoint_sha256')}`, "
         f"step {source.get('global_step')}), promptemb {record['framework_version']}" if source.get("checkpoint") else
         f"* source: the plain model `{source.get('base_model')}` (not trained by promptemb), promptemb "

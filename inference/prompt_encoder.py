@@ -307,7 +307,7 @@ class PromptEncoder:
             soft_template=getattr(module, "soft_template", None),
             max_length=module.max_length, max_sentence_tokens=None, batch_size=batch_size,
             source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
-                    "base_model": module.hparams.model_name_or_path, **(source or {})},
+                    "base_model": module.hparams.model_name_or_path, **matryoshka_record(module), **(source or {})},
         )
 
     @classmethod
@@ -354,7 +354,8 @@ class PromptEncoder:
             pooler=DECODER_POOLER, layer=module.pooler.layer, max_length=module.max_length, max_sentence_tokens=None,
             batch_size=batch_size, padding_side=hparams.padding_side, adapter=kept,
             source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
-                    "base_model": hparams.model_name_or_path, "adapter_export": adapter or "keep", **(source or {})},
+                    "base_model": hparams.model_name_or_path, "adapter_export": adapter or "keep",
+                    **matryoshka_record(module), **(source or {})},
         )
 
     @classmethod
@@ -493,7 +494,15 @@ def training_data(checkpoint: dict) -> dict:
     if not isinstance(lineage, dict) or "data.files" not in lineage:
         return {}
     return {"training_data": {"files": list(lineage["data.files"] or []),
-                              "files_sha256": list(lineage.get("data.files_sha256") or [])}}
+                              "files_sha256": list(lineage.get("data.files_sha256") or []),
+                              **({"mined": lineage["data.mined"]} if lineage.get("data.mined") else {})}}
+
+
+def matryoshka_record(module) -> dict:
+    """{"matryoshka": {"dims", "weights"}} of a module trained with Matryoshka widths (its embeddings' first d
+    components are embeddings of their own); {} otherwise."""
+    matryoshka = getattr(module, "matryoshka", None)
+    return {"matryoshka": matryoshka.describe()} if matryoshka is not None else {}
 
 
 def unit_rows(embeddings) -> torch.Tensor:

@@ -29,6 +29,7 @@ from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import SentenceRule, Template
 from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache, check_grad_cache_precision
 from promptemb.lightning_modules.losses import info_nce, world_size
+from promptemb.lightning_modules.matryoshka import Matryoshka, check_matryoshka_settings, configured_width
 from promptemb.lightning_modules.schedules import linear_warmup_decay
 from promptemb.poolers.base import Pooler
 
@@ -74,6 +75,9 @@ class PromptContrastiveModule(pl.LightningModule):
         if settings.get("freeze_bias") and not settings.get("denoise", True):
             raise ConfigError("model.freeze_bias=true stops the gradient through the template bias that denoising "
                               "subtracts; with model.denoise=false there is none: drop model.freeze_bias")
+        check_matryoshka_settings(settings.get("matryoshka_dims"), settings.get("matryoshka_weights"))
+        if settings.get("matryoshka_dims") and (width := configured_width(settings.get("model_name_or_path"))):
+            Matryoshka.build(settings["matryoshka_dims"]).check_width(width, cls.__name__, warn=False)
 
     def __init__(
         self,
@@ -91,14 +95,19 @@ class PromptContrastiveModule(pl.LightningModule):
         max_length: TokenLimit | None = None,
         grad_cache_chunk_size: AtLeastOne | None = None,
         gradient_checkpointing: bool = False,
+        matryoshka_dims: list[AtLeastOne] | None = None,
+        matryoshka_weights: list[Positive] | None = None,
     ):
+        """`matryoshka_dims` / `matryoshka_weights`: InfoNCE summed over these prefix widths of the representation
+        (lightning_modules/matryoshka.py; sentence-transformers' MatryoshkaLoss semantics); null: the plain loss."""
         super().__init__()
         # The optimiser and schedule are factories (Hydra partials), not weights' metadata: checkpoints keep plain
         # values only (torch.load(weights_only=True)); the run's config records them.
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.optimizer_factory = optimizer or DEFAULT_OPTIMIZER
         self.scheduler_factory = scheduler or DEFAULT_SCHEDULER
-        type(self).check_config({"denoise": denoise, "freeze_bias": freeze_bias})
+        type(self).check_config({"denoise": denoise, "freeze_bias": freeze_bias, "matryoshka_dims": matryoshka_dims,
+                                 "matryoshka_weights": matryoshka_weights})
         name = type(self).__name__
         if len(templates) != self.template_views or not all(isinstance(text, str) for text in templates):
             raise ConfigError(f"{name} trains with {self.template_views} template(s), got {list(templates)!r}")
@@ -120,6 +129,7 @@ class PromptContrastiveModule(pl.LightningModule):
         if isinstance(getattr(self.transformer, "pooler", None), torch.nn.Module):
             self.transformer.pooler.requires_grad_(False)
         self.max_length = max_input_length(self.transformer, self.tokenizer, max_length)
+        self.matryoshka = self.build_matryoshka(matryoshka_dims, matryoshka_weights)
         self.builders = [self._builder(t, max_sentence_tokens) for t in self.templates]
         self.input_embedder: torch.nn.Module | None = None
         # Memory options for large batches: gradient caching (lightning_modules/grad_cache.py; the cache of template
@@ -209,6 +219,20 @@ class PromptContrastiveModule(pl.LightningModule):
 
     # -- optimisation ---------------------------------------------------------------------------------------------
 
+    def build_matryoshka(self, dims, weights) -> Matryoshka | None:
+        """The Matryoshka widths, checked against the representation InfoNCE contrasts (the model's hidden size)."""
+        matryoshka = Matryoshka.build(dims, weights)
+        if matryoshka is not None:
+            matryoshka.check_width(self.transformer.config.hidden_size, type(self).__name__)
+        return matryoshka
+
+    def contrastive_objective(self, anchors: torch.Tensor, positives: torch.Tensor,
+                              negatives: torch.Tensor | None) -> torch.Tensor:
+        """InfoNCE of the views (`contrastive_views`), or its Matryoshka sum over prefix widths."""
+        if self.matryoshka is None:
+            return info_nce(anchors, positives, self.hparams.temperature, negatives)
+        return self.matryoshka.loss(anchors, positives, negatives, self.hparams.temperature)
+
     def contrastive_loss(self, batch):
         """(InfoNCE of the batch, its rows, what turns the loss to back-propagate into the tensor handed to Lightning):
         the loss itself, or under gradient caching a surrogate carrying the full-batch gradient."""
@@ -216,7 +240,7 @@ class PromptContrastiveModule(pl.LightningModule):
             step = GradCache(self, self.hparams.grad_cache_chunk_size)
             return *step.loss(batch), step.surrogate
         anchors, positives, negatives = self.contrastive_views(batch)
-        return info_nce(anchors, positives, self.hparams.temperature, negatives), anchors.shape[0], lambda loss: loss
+        return self.contrastive_objective(anchors, positives, negatives), anchors.shape[0], lambda loss: loss
 
     def training_step(self, batch, batch_idx):
         loss, rows, to_backward = self.contrastive_loss(batch)

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 import torch
 
 from promptemb.common.errors import ConfigError
-from promptemb.lightning_modules.losses import info_nce
 
 BiasCompute = Callable[[list, list[torch.Tensor]], list[dict[int, torch.Tensor]]]
 BiasStates = list[dict[int, torch.Tensor]]  # per view: layer -> [rows, D]
@@ -176,7 +175,8 @@ class TemplateBiasCache:
 class GradCache:
     """One training step with gradient caching; `loss` runs pass 1, `surrogate` pass 2 (see the module docstring).
 
-    The module provides `contrastive_views(chunk)` -> (anchors, positives, hard negatives or None) and a
+    The module provides `contrastive_views(chunk)` -> (anchors, positives, hard negatives or None), the loss of
+    those views (`contrastive_objective`, InfoNCE or its Matryoshka sum) and a
     `template_bias_cache` attribute: while it is set, the module's template biases come from
     `TemplateBiasCache.biases(compute, builders, lengths)`.
     """
@@ -211,7 +211,7 @@ class GradCache:
         anchors, positives, negatives = (
             None if column[0] is None else torch.cat(column) for column in zip(*self.embeddings, strict=True)
         )
-        return info_nce(anchors, positives, module.hparams.temperature, negatives), anchors.shape[0]
+        return module.contrastive_objective(anchors, positives, negatives), anchors.shape[0]
 
     def surrogate(self, loss: torch.Tensor) -> torch.Tensor:
         """Pass 2: a tensor equal to `loss` whose gradient w.r.t. the parameters is d loss / d parameters."""

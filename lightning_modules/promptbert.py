@@ -6,6 +6,8 @@ import typing
 from collections.abc import Mapping
 from typing import Literal
 
+import torch
+
 from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules.base import PromptContrastiveModule
 from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
@@ -29,8 +31,27 @@ class PromptBERTUnsup(PromptContrastiveModule):
         self.train_pooler = MaskPooler("mask", denoise=self.hparams.denoise)
 
     def contrastive_views(self, batch: list[str]):
-        first, second = (self.mlp(view) for view in self.pooled_views(batch, self.builders, self.train_pooler))
+        first, second = (self._projected(view) for view in self.pooled_views(batch, self.builders, self.train_pooler))
         return first, second, None
+
+    def _projected(self, view: torch.Tensor) -> torch.Tensor:
+        """MLP(h); with Matryoshka widths, [MLP(h), h]: the MLP is dropped at evaluation and takes all D inputs,
+        so a prefix of MLP(h) would not be a prefix of anything evaluated — the narrower terms truncate h itself
+        (`contrastive_objective`)."""
+        projected = self.mlp(view)
+        return projected if self.matryoshka is None else torch.cat([projected, view], dim=-1)
+
+    def contrastive_objective(self, anchors, positives, negatives):
+        """InfoNCE of MLP(h); with Matryoshka widths Σ_k w_k · InfoNCE, the full-width term on MLP(h) (the plain
+        loss) and each narrower term on the first d_k components of h, the representation evaluated."""
+        if self.matryoshka is None:
+            return super().contrastive_objective(anchors, positives, negatives)
+        width = self.transformer.config.hidden_size
+
+        def truncate(views: torch.Tensor, dim: int) -> torch.Tensor:
+            return views[..., :width] if dim == width else views[..., width:width + dim]
+
+        return self.matryoshka.loss(anchors, positives, negatives, self.hparams.temperature, truncate)
 
     def eval_poolers(self) -> list[Pooler]:
         return [MaskPooler("mask"), build_pooler("avg")]

@@ -93,6 +93,8 @@ class PromptEOLSup(PromptContrastiveModule):
         grad_cache_chunk_size: AtLeastOne | None = None,
         gradient_checkpointing: bool = False,
         base_weights_sha256: str | None = None,
+        matryoshka_dims: list[AtLeastOne] | None = None,
+        matryoshka_weights: list[Positive] | None = None,
     ):
         # The encoder recipes' constructor loads a masked LM and requires [MASK]; a decoder is loaded here instead
         # and the attributes the shared training step reads are set the same way. save_hyperparameters() finds
@@ -108,6 +110,7 @@ class PromptEOLSup(PromptContrastiveModule):
             raise ConfigError(f"lora_r must be >= 1, got {lora_r}")
         if grad_cache_chunk_size is not None and grad_cache_chunk_size < 1:
             raise ConfigError(f"grad_cache_chunk_size must be null or >= 1, got {grad_cache_chunk_size}")
+        type(self).check_config({"matryoshka_dims": matryoshka_dims, "matryoshka_weights": matryoshka_weights})
         templates = list(templates)
         if len(templates) != 1 or not isinstance(templates[0], str):
             raise ConfigError(f"PromptEOLSup trains with 1 template, got {templates!r}")
@@ -137,6 +140,7 @@ class PromptEOLSup(PromptContrastiveModule):
                                                                        max_sentence_tokens),
                                              self.max_length, padding_side)]
         self.pooler = LastTokenPooler(SELECTION_POOLER_NAME, layer=-1)
+        self.matryoshka = self.build_matryoshka(matryoshka_dims, matryoshka_weights)
         self.input_embedder = None
         self.template_bias_cache = None
 

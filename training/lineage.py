@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from promptemb.common.errors import ConfigError, UserError
 from promptemb.common.instantiate import build
 from promptemb.data.checksums import sha256_file
+from promptemb.data.mined_triplets import mined_provenance, mined_summary
 from promptemb.encoder.loading import resolve_model_path
 from promptemb.lightning_modules.checkpoint import LINEAGE_KEY, module_class_path
 
@@ -84,6 +85,8 @@ def data_lineage(cfg: DictConfig) -> dict:
         raise ConfigError(f"corpus file {missing[0]} does not exist (relative paths are relative to the data root)")
     record = {"data.files": names, "data.files_sha256": [sha256_file(path, cached=False) for path in paths],
               "data.batch_size": data.get("batch_size")}
+    if data.get("format") == "nli_csv" and any(mined := [mined_summary(mined_provenance(p)) for p in paths]):
+        record["data.mined"] = mined  # what mined each hard-negative file (checked against it)
     record.update({f"data.{key}": data.get(key) for key in (*SELECTION_SETTINGS, *SAMPLER_SETTINGS)})
     return record
 

@@ -45,6 +45,7 @@ PLACEHOLDERS = [
     (r"output=FILE\.npy", "output=embeddings.npy"),
     (r"output_dir=OUT\b", "output_dir=out"),
     (r"export_dir=exports/minilm-promptbert", "export_dir=exports/at-fit-end"),  # the block's export.py wrote that one
+    (r"dims=\[384,128,64\]", "dims=[48,16,8]"),                      # Matryoshka widths of MiniLM -> of the tiny BERT
 ]
 #: Doc lines that are a synopsis rather than a command -> the concrete command run for them.
 SYNOPSES = {
@@ -98,6 +99,7 @@ SCRIPT_SHORT = {
     "promptemb.research.layer_sweep": [(r"$", " --model {tiny}")],
     "promptemb.research.token_bias": [(r"$", " --model {tiny}")],
     "promptemb.research.mask_predictions": [],                       # as written: refuses MiniLM (expected below)
+    "promptemb.research.mine_hard_negatives": [(r"$", " --model {tiny}")],
     "promptemb.training.sweeps": [],
     "-c": [],                                                        # python -c snippets (tiny decoders): as written
 }
