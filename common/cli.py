@@ -9,11 +9,10 @@ import difflib
 import re
 from collections.abc import Callable
 
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf import DictConfig, OmegaConf
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.hydra_bridge import compose
 from promptemb.common.overrides import first_of_sweeps
 from promptemb.common.run_folder import check_run_dir_before_hydra
 from promptemb.configs import CONFIG_DIR
@@ -134,10 +133,10 @@ def check_override_syntax(argv: list[str]) -> None:
                                   ) from None
 
 
-def compose_config(entry: str, overrides: list[str]) -> DictConfig:
-    """The config of `entry` as Hydra composes it for these overrides (no run, no output directory)."""
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose(CONFIG_NAMES[entry], overrides=overrides)
+def compose_config(entry: str, overrides: list[str]) -> dict:
+    """The config of `entry` as Hydra composes it for these overrides (no run, no output directory): its keys and
+    values, interpolations unresolved."""
+    return compose(CONFIG_NAMES[entry], overrides, resolve=False)
 
 
 #: Common spellings of keys this config names differently (for the "did you mean" hint).
@@ -145,9 +144,9 @@ KEY_ALIASES = {"learning_rate": "lr", "tau": "temperature", "temp": "temperature
                "batch": "batch_size", "steps": "max_steps", "epochs": "max_epochs"}
 
 
-def elsewhere(cfg: DictConfig, leaf: str) -> str | None:
+def elsewhere(cfg: dict, leaf: str) -> str | None:
     """`group.leaf` when exactly one top-level group has that key (`lr` lives in `optimizer`, not in `model`)."""
-    found = [f"{group}.{leaf}" for group in cfg if OmegaConf.is_dict(cfg[group]) and leaf in cfg[group]]
+    found = [f"{group}.{leaf}" for group, node in cfg.items() if isinstance(node, dict) and leaf in node]
     return found[0] if len(found) == 1 else None
 
 
@@ -160,7 +159,7 @@ def closest_key(leaf: str, value: str, siblings, names: list[str]) -> str | None
     `[...]`), so `poolerz=[mask]` suggests `poolers`, not `pooler`."""
     close = difflib.get_close_matches(leaf, names, n=3, cutoff=0.75)
     wants_list = value.startswith("[")
-    shaped = [name for name in close if OmegaConf.is_list(siblings[name]) == wants_list]
+    shaped = [name for name in close if isinstance(siblings[name], list) == wants_list]
     return next(iter(shaped or close), None)
 
 
@@ -182,8 +181,10 @@ def unknown_key_message(key: str, overrides: list[str], where: str = "", entry: 
     try:
         cfg = compose_config(entry, base)
         parent, _, leaf = key.lstrip("+~").rpartition(".")
-        siblings = OmegaConf.select(cfg, parent) if parent else cfg
-        names = [str(k) for k in siblings] if OmegaConf.is_dict(siblings) else []
+        siblings = cfg
+        for part in parent.split(".") if parent else ():
+            siblings = siblings.get(part) if isinstance(siblings, dict) else None
+        names = [str(k) for k in siblings] if isinstance(siblings, dict) else []
         guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in names else None
         guess = guess or closest_key(leaf, value_of(key, overrides), siblings, names)
         guess = '.'.join(filter(None, (parent, guess))) if guess else elsewhere(cfg, KEY_ALIASES.get(leaf, leaf))
