@@ -12,9 +12,9 @@ from collections.abc import Callable
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.hydra_bridge import compose
+from promptemb.common.hydra_bridge import compose, compose_run_dir
 from promptemb.common.overrides import first_of_sweeps
-from promptemb.common.run_folder import check_run_dir_before_hydra
+from promptemb.common.validation import check_writable_dir
 from promptemb.configs import CONFIG_DIR
 
 #: The config each entry point composes (`encode` = `promptemb-encode`, evaluate.py's encode mode).
@@ -229,6 +229,18 @@ def check_override_keys(entry: str, argv: list[str]) -> None:
             raise ConfigError(unknown_key_message(match.group(1), overrides, entry=entry)) from None
     except Exception:  # anything else: Hydra reports it when the entry point composes for real
         pass
+
+
+def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
+    """Hydra creates the run folder (`hydra.run.dir`, which is `output_dir`) before the task starts, and fails with
+    a traceback when it cannot: check that it can, first, with one line. Flags (-m, --cfg, ...) are left to Hydra."""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    try:
+        run_dir = compose_run_dir(config_name, argv)
+    except Exception:  # overrides that do not compose: Hydra reports them
+        return
+    check_writable_dir("output_dir", run_dir)
 
 
 def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[list[str]], None]) -> None:

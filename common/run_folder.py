@@ -1,6 +1,5 @@
 """A run folder that failed before doing any work leaves nothing behind: Hydra creates it (holding only Hydra's own
-files) before the task starts; a user error removes it again. Also: checking, before Hydra runs, that the folder can
-be created at all."""
+files) before the task starts; a user error removes it again."""
 
 from __future__ import annotations
 
@@ -10,21 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from promptemb.common.errors import UserError
-from promptemb.common.hydra_bridge import compose_run_dir
-from promptemb.common.validation import check_writable_dir
-
-
-def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
-    """Hydra creates the run folder (`hydra.run.dir`, which is `output_dir`) before the task starts, and fails with
-    a traceback when it cannot: check that it can, first, with one line. Flags (-m, --cfg, ...) are left to Hydra."""
-    if any(arg.startswith("-") for arg in argv):
-        return
-    try:
-        run_dir = compose_run_dir(config_name, argv)
-    except Exception:  # overrides that do not compose: Hydra reports them
-        return
-    check_writable_dir("output_dir", run_dir)
-
 
 #: What Hydra itself writes into a run folder before the task starts.
 HYDRA_OWN_FILES = (".hydra",)

@@ -1,8 +1,8 @@
-"""The generic checker of composed configs. The owners of each config group call it (training/config_checks.py,
-evaluation/config_checks.py, encoder/settings.py) and declare what is valid in their own type hints: every
-`_target_` node is checked against its constructor's or function's hints (following `**kwargs` up the class
-hierarchy; a factory's flat keys against its settings dataclasses), other keys against their owner's pydantic
-settings model. pydantic checks each value in strict mode, bounds (`Annotated[int, Ge(1)]`, common/bounds.py) and
+"""The generic checker of composed configs. Each command's settings validator calls it (training/settings.py,
+evaluation/settings.py, exporting/settings.py, encoder/settings.py); the owners declare what is valid in their own
+type hints: every `_target_` node is checked against its constructor's or function's hints (following `**kwargs` up
+the class hierarchy; a factory's flat keys against its settings dataclasses), other keys against their settings
+model's fields. pydantic checks each value in strict mode, bounds (`Annotated[int, Ge(1)]`, common/bounds.py) and
 choices (`Literal[...]`) included; a class we do not own gets its hints from the module that configures it
 (`declare_hints`). Then what only the machine and the file system can refute: devices, readable inputs, writable
 outputs. Every failure is one `ConfigError` line naming the key, the value and what is valid."""

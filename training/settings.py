@@ -91,7 +91,8 @@ def check_training_data(data: dict, root: Path) -> None:
 
 
 #: Settings train.py's command line checked before Hydra composes the same config again (a resume, or a run into an
-#: existing folder: training/preflight.py); the first task composed with the same values takes them unchecked.
+#: existing folder: the preflight comes before Hydra writes there); the first task composed with the same values takes
+#: them instead of checking again.
 CHECKED_BEFORE_HYDRA: list[TrainSettings] = []
 
 
