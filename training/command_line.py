@@ -83,11 +83,6 @@ def check_experiment_overrides(argv: list[str]) -> None:
                                       f"{', '.join(experiment_names())}")
 
 
-def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
-    """One line naming an override key that train.py's config does not have, with the closest existing key."""
-    return cli.unknown_key_message(key, overrides, where, entry="train")
-
-
 def check_train_only_keys(argv: list[str]) -> None:
     """`backbone.*` keys other than the model's name are evaluate.py's: training builds the model from
     `backbone.name_or_path` only, so such an override would be accepted and ignored. One line naming the key that

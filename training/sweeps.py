@@ -25,10 +25,11 @@ from typing import Any
 
 import yaml
 
+from promptemb.common.cli import unknown_key_message
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.common.hydra_bridge import compose
 from promptemb.configs import CONFIG_DIR
-from promptemb.training.command_line import experiment_names, unknown_key_message
+from promptemb.training.command_line import experiment_names
 
 HYDRA_ARG_MACROS = ("${args_no_hyphens}", "${args_append_hydra}", "${args_override_hydra}")
 DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "uniform", "q_uniform", "log_uniform_values",
