@@ -26,7 +26,7 @@ def check_then_run(cfg: DictConfig):
     not ten; then `run` scores or encodes with them. A refused run leaves no run folder behind."""
     context = running_context()
     with nothing_left_on_user_error(context.run_dir):
-        settings = EvaluateSettings.model_validate(plain(cfg))
+        settings = EvaluateSettings.model_validate(plain(cfg), context=context)
         from promptemb.evaluation.runner import run
 
         return run(settings, context)

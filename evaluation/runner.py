@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.io import atomic_write, atomic_write_json
 from promptemb.common.run_context import FROM_PYTHON, RunContext
@@ -26,7 +25,7 @@ from promptemb.encoder.template import Template
 from promptemb.evaluation.report import markdown_table, scoring_provenance, software_versions
 from promptemb.evaluation.session import ScoringSession
 from promptemb.evaluation.settings import EvaluateSettings
-from promptemb.inference.model_sources import check_input_form, merge_poolers, open_trained_model, source_kind
+from promptemb.inference.model_sources import check_input_form, merge_poolers, open_trained_model
 from promptemb.poolers import build_pooler
 from promptemb.poolers.fitted import CorpusFittedPooler
 
@@ -64,20 +63,6 @@ def inference_options(backbone: dict) -> dict:
             "onednn_linears": bool(backbone.get("onednn_linears", False))}
 
 
-#: `backbone` keys a trained model takes from its own record: it is scored as it was trained or exported.
-KEPT_BY_TRAINED_MODELS = ("max_length", "dtype", "revision", "padding_side", "device_map", "quantization")
-
-
-def check_backbone_overrides(kind: str, overrides: tuple[str, ...]) -> None:
-    """One line for a `backbone.*` override on the command line that a trained model would ignore."""
-    for override in overrides:
-        _, key, _ = split_override(override)
-        group, _, leaf = key.partition(".")
-        if group == "backbone" and leaf in KEPT_BY_TRAINED_MODELS:
-            raise ConfigError(f"{key}= does not apply to a trained model ({kind}): it is scored with the {leaf} it "
-                              f"was trained or exported with; drop {key}=")
-
-
 @dataclass
 class Scoring:
     """The encoder, poolers and input form a run scores with; `source` describes a trained model's origin."""
@@ -90,16 +75,11 @@ class Scoring:
     source: dict | None = None
 
 
-def open_scoring(settings: EvaluateSettings, poolers: list, context: RunContext) -> Scoring:
+def open_scoring(settings: EvaluateSettings, poolers: list) -> Scoring:
     """A trained model (checkpoint, run folder, export) with its own poolers and recorded input form, then the
     configured `poolers` not already among them; a pretrained model with the configured template and poolers."""
     backbone, rule = settings.backbone, settings.template.sentence_rule
     name_or_path = str(backbone["name_or_path"])
-    if (kind := source_kind(name_or_path)) != "pretrained":
-        check_backbone_overrides(kind, context.overrides)
-    if settings.allow_unverified_weights and kind != "export":
-        raise ConfigError(f"allow_unverified_weights=true applies to an export folder (weight files checked against "
-                          f"their recorded sha256); {name_or_path} is a {kind} model: drop it")
     trained = open_trained_model(name_or_path, device=backbone["device"], batch_size=backbone["batch_size"],
                                  attentions=combine_needs(poolers).attentions,
                                  verify_weights=not settings.allow_unverified_weights)
@@ -123,7 +103,7 @@ class Evaluation:
     the pooler and the input sentences (encode mode), then the model to score (`Scoring`). A mistake in any of them
     fails here, before the first forward pass; `run` then scores or encodes."""
 
-    def __init__(self, settings: EvaluateSettings, context: RunContext = FROM_PYTHON):
+    def __init__(self, settings: EvaluateSettings):
         self.settings = settings
         seed_everything(settings.seed)
         if settings.mode == "score":
@@ -134,7 +114,7 @@ class Evaluation:
             poolers = [build_pooler(settings.pooler, **settings.pooler_args.get(settings.pooler, {}))]
             self.sentences = read_sentences(Path(settings.input))
         self.started, self.versions = time.perf_counter(), software_versions()
-        self.scoring = open_scoring(settings, poolers, context)
+        self.scoring = open_scoring(settings, poolers)
 
     def run(self) -> dict | np.ndarray:
         return self.score() if self.settings.mode == "score" else self.encode()
@@ -205,7 +185,7 @@ class Evaluation:
 def run(settings: EvaluateSettings, context: RunContext = FROM_PYTHON) -> dict | np.ndarray:
     """Score or encode. Hydra's run folder is `output_dir`: encode mode, whose output is a file of its own, leaves
     none behind."""
-    result = Evaluation(settings, context).run()
+    result = Evaluation(settings).run()
     if settings.mode == "encode":
         remove_if_untouched(context.run_dir)
     return result

@@ -1,7 +1,7 @@
 """evaluate.py's settings (configs/eval.yaml; promptemb-encode: encode.yaml), checked once when they are built from
 the composed config, before the scoring stack is imported: a wrong value costs a second, not ten.
 
-    settings = EvaluateSettings.model_validate(values, context=run_context)
+    settings = EvaluateSettings.model_validate(values, context=run_context)    # the RunContext: its overrides
 """
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 
 from promptemb.common.bounds import AtLeastOne, Seed
+from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.validation import check_device, check_readable_file, check_settings, check_writable_dir
 from promptemb.encoder.loading import check_model_source
 from promptemb.encoder.settings import TemplateSettings, check_backbone, check_template
+from promptemb.inference.model_sources import source_kind
 
 MODES = ("score", "encode")
 
@@ -73,10 +75,11 @@ class EvaluateSettings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def check(cls, values: dict) -> dict:
+    def check(cls, values: dict, info: ValidationInfo) -> dict:
         """Everything about the config that can be refuted before a model or a data file is loaded (one
         `ConfigError` line each): the types, ranges and choices of the keys, the backbone against `Encoder`, a single
-        template, the device, the files read and written, the model's files."""
+        template, the device, the files read and written, the model's files, and the options a trained model would
+        ignore (`info.context`: the command's `RunContext`, whose overrides say which keys were given)."""
         check_evaluate_composition(values)
         backbone = values.get("backbone") or {}
         check_device("backbone.device", str(backbone.get("device", "auto")))
@@ -91,6 +94,7 @@ class EvaluateSettings(BaseModel):
             if backbone.get("revision") and (name.startswith("package:") or Path(name).expanduser().exists()):
                 raise ConfigError(f"backbone.revision={backbone['revision']} selects a version of a Hugging Face Hub "
                                   f"model, but {name} is local: drop backbone.revision")
+            check_source_options(name, values.get("allow_unverified_weights"), getattr(info.context, "overrides", ()))
         if values.get("mode") not in MODES:
             raise ConfigError(f"unknown mode {values.get('mode')!r}; valid: {', '.join(MODES)}")
         if values["mode"] == "encode" and not (values.get("input") and values.get("output")):
@@ -104,6 +108,24 @@ def check_evaluate_composition(values: dict) -> None:
     check_template(values, None)
     check_settings(values, EvaluateSettings)
     check_backbone(values)
+
+
+#: `backbone` keys a trained model takes from its own record: it is scored as it was trained or exported.
+KEPT_BY_TRAINED_MODELS = ("max_length", "dtype", "revision", "padding_side", "device_map", "quantization")
+
+
+def check_source_options(name_or_path: str, allow_unverified_weights: bool, overrides: tuple[str, ...]) -> None:
+    """A `backbone.*` override on the command line that a trained model would ignore, or the export-only
+    `allow_unverified_weights` on another kind of model: one line each."""
+    kind = source_kind(name_or_path)
+    for _, key, _ in map(split_override, overrides) if kind != "pretrained" else ():
+        group, _, leaf = key.partition(".")
+        if group == "backbone" and leaf in KEPT_BY_TRAINED_MODELS:
+            raise ConfigError(f"{key}= does not apply to a trained model ({kind}): it is scored with the {leaf} it "
+                              f"was trained or exported with; drop {key}=")
+    if allow_unverified_weights and kind != "export":
+        raise ConfigError(f"allow_unverified_weights=true applies to an export folder (weight files checked against "
+                          f"their recorded sha256); {name_or_path} is a {kind} model: drop it")
 
 
 def check_encode_files(input: str | None, output: str | None) -> None:
