@@ -65,6 +65,11 @@ def split_override(arg: str) -> tuple[str, str, str]:
     return prefix, key, value
 
 
+def overrides_of(argv: list[str]) -> list[tuple[str, str, str]]:
+    """(prefix, key, value) of each override of a command line; flags (-m, --cfg, ...) left out."""
+    return [split_override(arg) for arg in argv if not arg.startswith("-") and "=" in arg]
+
+
 def group_options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
 
@@ -81,10 +86,7 @@ def renamed_key(entry: str, key: str) -> str | None:
 
 def check_renamed_keys(entry: str, argv: list[str]) -> None:
     """One line naming the new spelling of an override written for the earlier config layout."""
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        prefix, key, value = split_override(arg)
+    for prefix, key, value in overrides_of(argv):
         new_key = renamed_key(entry, key)
         if new_key is not None and " " in new_key:
             raise ConfigError(f"{key!r} is no longer a key: set {new_key}")

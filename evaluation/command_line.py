@@ -12,7 +12,7 @@ from collections.abc import Callable
 import hydra
 from omegaconf import DictConfig
 
-from promptemb.common.cli import check_command_line, split_override
+from promptemb.common.cli import check_command_line, overrides_of
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.common.hydra_bridge import plain, running_context
 from promptemb.common.run_folder import nothing_left_on_user_error
@@ -58,7 +58,7 @@ def check_mode_keys(default_mode: str) -> Callable[[list[str]], None]:
     sets when the command line does not."""
 
     def check(argv: list[str]) -> None:
-        overrides = [split_override(arg) for arg in argv if not arg.startswith("-") and "=" in arg]
+        overrides = overrides_of(argv)
         mode = next((value for _, key, value in reversed(overrides) if key == "mode"), default_mode)
         for other_mode, keys in MODE_ONLY_KEYS.items():
             if other_mode == mode:

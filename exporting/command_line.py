@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from promptemb.common.cli import check_command_line, split_override
+from promptemb.common.cli import check_command_line, overrides_of
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.common.hydra_bridge import plain
 from promptemb.configs import CONFIG_DIR
@@ -40,7 +40,7 @@ def export_task(cfg: DictConfig) -> None:
 
 def check_score_keys(argv: list[str]) -> None:
     """`score_tasks=` / `data_root=` only matter when the export is scored (`score=true`)."""
-    given = {key: value for _, key, value in (split_override(arg) for arg in argv if "=" in arg and arg[0] != "-")}
+    given = {key: value for _, key, value in overrides_of(argv)}
     if given.get("score", "false").lower() != "true":
         for key in ("score_tasks", "data_root"):
             if key in given:

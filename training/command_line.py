@@ -87,10 +87,7 @@ def check_train_only_keys(argv: list[str]) -> None:
     """`backbone.*` keys other than the model's name are evaluate.py's: training builds the model from
     `backbone.name_or_path` only, so such an override would be accepted and ignored. One line naming the key that
     does it instead."""
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        _, key, _ = cli.split_override(arg)
+    for _, key, _ in cli.overrides_of(argv):
         group, dot, leaf = key.partition(".")
         unread = next((reason for name, reason in UNREAD_KEYS.items() if key == name or key.startswith(name + ".")),
                       None)

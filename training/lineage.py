@@ -91,11 +91,16 @@ def run_lineage(settings: TrainSettings) -> dict:
     """What exact resume depends on, from train.py's settings (reads the corpus files and the backbone's weight and
     tokenizer files to hash them)."""
     model = settings.model
-    record = {"recipe": model.get("_target_"), **backbone_lineage(model["model_name_or_path"])}
-    record.update({f"model.{key}": model.get(key) for key in INPUT_SETTINGS if key in model})
-    if "model.template" in record:  # OptiPrompt's one template is the `templates` of the other recipes
+    return {"recipe": model.get("_target_"), **backbone_lineage(model["model_name_or_path"]), **input_lineage(model),
+            **data_lineage(settings.data)}
+
+
+def input_lineage(settings: dict) -> dict:
+    """The recipe settings that decide what the model is fed; OptiPrompt's one `template` is the `templates` of the
+    other recipes."""
+    record = {f"model.{key}": settings.get(key) for key in INPUT_SETTINGS if key in settings}
+    if "model.template" in record:
         record["model.templates"] = [record.pop("model.template")]
-    record.update(data_lineage(settings.data))
     return record
 
 
@@ -109,10 +114,7 @@ def checkpoint_lineage(checkpoint: dict) -> dict:
         recipe = module_class_path(checkpoint)
     except UserError:  # no recognisable recipe: nothing to compare on that item
         recipe = None
-    record = {"recipe": recipe, "backbone": hparams.get("model_name_or_path")}
-    record.update({f"model.{key}": hparams.get(key) for key in INPUT_SETTINGS if key in hparams})
-    if "model.template" in record:
-        record["model.templates"] = [record.pop("model.template")]
+    record = {"recipe": recipe, "backbone": hparams.get("model_name_or_path"), **input_lineage(hparams)}
     return {key: value for key, value in record.items() if value is not None}
 
 
