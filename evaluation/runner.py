@@ -58,7 +58,7 @@ def build_encoder(settings: EvaluateSettings, poolers) -> Encoder:
 
 def inference_options(backbone: dict) -> dict:
     """How the encoder runs (`Encoder.use_inference_options`): the same for a pretrained and a trained model."""
-    return {"autocast": str(backbone.get("autocast", "auto")), "compile": bool(backbone.get("compile", False)),
+    return {"autocast": str(backbone.get("autocast", "none")), "compile": bool(backbone.get("compile", False)),
             "parallel_batches": int(backbone.get("parallel_batches", 1)),
             "onednn_linears": bool(backbone.get("onednn_linears", False))}
 
@@ -111,7 +111,9 @@ class Evaluation:
             self.session.tasks(settings.tasks)  # an unknown task fails before the model loads
             poolers = self.session.poolers
         else:
-            poolers = [build_pooler(settings.pooler, **settings.pooler_args.get(settings.pooler, {}))]
+            poolers = [build_pooler(settings.pooler, member_args=settings.pooler_args,
+                                    **settings.pooler_args.get(settings.pooler, {}))]
+            self.pooler_name = poolers[0].name  # a trained model's own pooler of that name replaces it
             self.sentences = read_sentences(Path(settings.input))
         self.started, self.versions = time.perf_counter(), software_versions()
         self.scoring = open_scoring(settings, poolers)
@@ -144,7 +146,7 @@ class Evaluation:
         """Embed each line of `input` with `pooler`; write float32 `output` (.npy) and `output`.json provenance."""
         settings, sentences = self.settings, self.sentences
         # a trained model's own pooler of that name (e.g. its denoised [MASK] with its head) replaces the built one
-        pooler = next(p for p in self.scoring.poolers if p.name == settings.pooler)
+        pooler = next(p for p in self.scoring.poolers if p.name == self.pooler_name)
         scoring = replace(self.scoring, poolers=[pooler])
         encoder, template = scoring.encoder, scoring.template
         encoder.check_poolers([pooler], template)  # binds tokenizer and encoder, which some fits need

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from promptemb.common.bounds import AtLeastOne, Seed
+from promptemb.common.device_profile import check_clipping
 from promptemb.common.validation import (
     check_accelerator,
     check_settings,
@@ -64,6 +65,7 @@ class TrainSettings(BaseModel):
         check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
         check_compile(bool(trainer.get("compile")), trainer.get("accelerator"))
         check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
+        check_clipping(trainer.get("precision"), trainer.get("gradient_clip_val"), values.get("optimizer") or {})
         if hasattr(recipe := target_of(model), "check_config"):
             recipe.check_config(model)
         if isinstance(model.get("model_name_or_path"), str):
