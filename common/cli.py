@@ -9,13 +9,12 @@ import difflib
 import re
 from collections.abc import Callable
 
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf import DictConfig, OmegaConf
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.hydra_bridge import compose, compose_run_dir
 from promptemb.common.overrides import first_of_sweeps
-from promptemb.common.run_folder import check_run_dir_before_hydra
+from promptemb.common.validation import check_writable_dir
 from promptemb.configs import CONFIG_DIR
 
 #: The config each entry point composes (`encode` = `promptemb-encode`, evaluate.py's encode mode).
@@ -66,6 +65,11 @@ def split_override(arg: str) -> tuple[str, str, str]:
     return prefix, key, value
 
 
+def overrides_of(argv: list[str]) -> list[tuple[str, str, str]]:
+    """(prefix, key, value) of each override of a command line; flags (-m, --cfg, ...) left out."""
+    return [split_override(arg) for arg in argv if not arg.startswith("-") and "=" in arg]
+
+
 def group_options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
 
@@ -82,10 +86,7 @@ def renamed_key(entry: str, key: str) -> str | None:
 
 def check_renamed_keys(entry: str, argv: list[str]) -> None:
     """One line naming the new spelling of an override written for the earlier config layout."""
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        prefix, key, value = split_override(arg)
+    for prefix, key, value in overrides_of(argv):
         new_key = renamed_key(entry, key)
         if new_key is not None and " " in new_key:
             raise ConfigError(f"{key!r} is no longer a key: set {new_key}")
@@ -138,10 +139,10 @@ def check_override_syntax(argv: list[str]) -> None:
                                   ) from None
 
 
-def compose_config(entry: str, overrides: list[str]) -> DictConfig:
-    """The config of `entry` as Hydra composes it for these overrides (no run, no output directory)."""
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose(CONFIG_NAMES[entry], overrides=overrides)
+def compose_config(entry: str, overrides: list[str]) -> dict:
+    """The config of `entry` as Hydra composes it for these overrides (no run, no output directory): its keys and
+    values, interpolations unresolved."""
+    return compose(CONFIG_NAMES[entry], overrides, resolve=False)
 
 
 #: Common spellings of keys this config names differently (for the "did you mean" hint).
@@ -149,9 +150,9 @@ KEY_ALIASES = {"learning_rate": "lr", "tau": "temperature", "temp": "temperature
                "batch": "batch_size", "steps": "max_steps", "epochs": "max_epochs"}
 
 
-def elsewhere(cfg: DictConfig, leaf: str) -> str | None:
+def elsewhere(cfg: dict, leaf: str) -> str | None:
     """`group.leaf` when exactly one top-level group has that key (`lr` lives in `optimizer`, not in `model`)."""
-    found = [f"{group}.{leaf}" for group in cfg if OmegaConf.is_dict(cfg[group]) and leaf in cfg[group]]
+    found = [f"{group}.{leaf}" for group, node in cfg.items() if isinstance(node, dict) and leaf in node]
     return found[0] if len(found) == 1 else None
 
 
@@ -164,7 +165,7 @@ def closest_key(leaf: str, value: str, siblings, names: list[str]) -> str | None
     `[...]`), so `poolerz=[mask]` suggests `poolers`, not `pooler`."""
     close = difflib.get_close_matches(leaf, names, n=3, cutoff=0.75)
     wants_list = value.startswith("[")
-    shaped = [name for name in close if OmegaConf.is_list(siblings[name]) == wants_list]
+    shaped = [name for name in close if isinstance(siblings[name], list) == wants_list]
     return next(iter(shaped or close), None)
 
 
@@ -186,8 +187,10 @@ def unknown_key_message(key: str, overrides: list[str], where: str = "", entry: 
     try:
         cfg = compose_config(entry, base)
         parent, _, leaf = key.lstrip("+~").rpartition(".")
-        siblings = OmegaConf.select(cfg, parent) if parent else cfg
-        names = [str(k) for k in siblings] if OmegaConf.is_dict(siblings) else []
+        siblings = cfg
+        for part in parent.split(".") if parent else ():
+            siblings = siblings.get(part) if isinstance(siblings, dict) else None
+        names = [str(k) for k in siblings] if isinstance(siblings, dict) else []
         guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in names else None
         guess = guess or closest_key(leaf, value_of(key, overrides), siblings, names)
         guess = '.'.join(filter(None, (parent, guess))) if guess else elsewhere(cfg, KEY_ALIASES.get(leaf, leaf))
@@ -232,6 +235,18 @@ def check_override_keys(entry: str, argv: list[str]) -> None:
             raise ConfigError(unknown_key_message(match.group(1), overrides, entry=entry)) from None
     except Exception:  # anything else: Hydra reports it when the entry point composes for real
         pass
+
+
+def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
+    """Hydra creates the run folder (`hydra.run.dir`, which is `output_dir`) before the task starts, and fails with
+    a traceback when it cannot: check that it can, first, with one line. Flags (-m, --cfg, ...) are left to Hydra."""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    try:
+        run_dir = compose_run_dir(config_name, argv)
+    except Exception:  # overrides that do not compose: Hydra reports them
+        return
+    check_writable_dir("output_dir", run_dir)
 
 
 def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[list[str]], None]) -> None:

@@ -1,8 +1,8 @@
-"""The generic checker of composed configs. The owners of each config group call it (training/config_checks.py,
-evaluation/config_checks.py, encoder/settings.py) and declare what is valid in their own type hints: every
-`_target_` node is checked against its constructor's or function's hints (following `**kwargs` up the class
-hierarchy; a factory's flat keys against its settings dataclasses), other keys against their owner's pydantic
-settings model. pydantic checks each value in strict mode, bounds (`Annotated[int, Ge(1)]`, common/bounds.py) and
+"""The generic checker of composed configs. Each command's settings validator calls it (training/settings.py,
+evaluation/settings.py, exporting/settings.py, encoder/settings.py); the owners declare what is valid in their own
+type hints: every `_target_` node is checked against its constructor's or function's hints (following `**kwargs` up
+the class hierarchy; a factory's flat keys against its settings dataclasses), other keys against their settings
+model's fields. pydantic checks each value in strict mode, bounds (`Annotated[int, Ge(1)]`, common/bounds.py) and
 choices (`Literal[...]`) included; a class we do not own gets its hints from the module that configures it
 (`declare_hints`). Then what only the machine and the file system can refute: devices, readable inputs, writable
 outputs. Every failure is one `ConfigError` line naming the key, the value and what is valid."""
@@ -21,7 +21,6 @@ from typing import Annotated, Any, Literal, Union
 
 from annotated_types import Interval, Predicate
 from hydra.utils import get_object
-from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, FiniteFloat, TypeAdapter, ValidationError
 
 from promptemb.common.errors import ConfigError
@@ -115,7 +114,7 @@ def _adapter(hint) -> TypeAdapter:
 
 
 def matches(value: Any, hint) -> bool:
-    """Whether a plain config value (after OmegaConf.to_container) fits a type hint, in pydantic's strict mode."""
+    """Whether a plain config value fits a type hint, in pydantic's strict mode."""
     try:
         _adapter(yaml_hint(hint)).validate_python(value, strict=True)
     except ValidationError:
@@ -218,13 +217,18 @@ def check_node(prefix: str, node: dict, hints: dict[str, Any], open_keywords: bo
         check_value(key, value, hints.get(name, Any))
 
 
-def target_of(node: dict) -> Any:
-    """The class or function a config node's `_target_` names; None when it names none, or one that cannot be
-    imported (Hydra reports that when instantiating)."""
-    if isinstance(target := node.get("_target_"), str):
+def import_target(path: Any) -> Any:
+    """The class or function a `_target_` path names; None when it is none, or cannot be imported (Hydra reports
+    that when instantiating)."""
+    if isinstance(path, str):
         with contextlib.suppress(Exception):
-            return get_object(target)
+            return get_object(path)
     return None
+
+
+def target_of(node: dict) -> Any:
+    """What a config node's `_target_` names (`import_target`)."""
+    return import_target(node.get("_target_"))
 
 
 def target_nodes(node: Any, prefix: str = "") -> list[tuple[str, dict, Any]]:
@@ -250,13 +254,6 @@ def check_settings(container: dict, settings: type[BaseModel]) -> None:
     for name, hint in settings_hints(settings).items():
         if name in container:
             check_value(name, container[name], hint)
-
-
-def resolved(cfg: DictConfig) -> dict:
-    try:
-        return OmegaConf.to_container(cfg, resolve=True)
-    except Exception as err:  # an interpolation that does not resolve
-        raise ConfigError(f"the config does not resolve: {str(err).splitlines()[0]}") from None
 
 
 # -- the machine and the file system -----------------------------------------------------------------------------

@@ -3,12 +3,11 @@ constructor (types, bounds, choices), the template against `TemplateSettings` an
 
 from __future__ import annotations
 
-from hydra.utils import get_class
-from omegaconf import OmegaConf
+import yaml
 from pydantic import BaseModel
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import check_node, parameter_hints, settings_hints
+from promptemb.common.validation import check_node, import_target, parameter_hints, settings_hints
 from promptemb.configs import CONFIG_DIR
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import SentenceRule
@@ -31,7 +30,7 @@ def template_options(pairs: bool) -> list[str]:
     """Names of configs/template/ options that are pairs of views (`pairs`) or single templates."""
     names = []
     for path in sorted((CONFIG_DIR / "template").glob("*.yaml")):
-        option = OmegaConf.load(path)
+        option = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         if option.get("text") is not None and (option.get("second_text") is not None) == pairs:
             names.append(path.stem)
     return names
@@ -49,10 +48,7 @@ def check_template(container: dict, recipe: str | None) -> None:
                               "template: use a single template (template=" + "|".join(template_options(False)) +
                               ") or template.second_text=null")
         return
-    try:
-        views = getattr(get_class(recipe), "template_views", None)
-    except Exception:  # not importable: Hydra reports it when instantiating
-        return
+    views = getattr(import_target(recipe), "template_views", None)  # not importable: Hydra reports it when building
     if views is None or (len(given) == views and "text" in given):
         return
     name = recipe.rsplit(".", 1)[-1]

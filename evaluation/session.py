@@ -9,14 +9,10 @@ transfer / clustering protocol settings, the analysis switch; then scoring and t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from promptemb.common.bounds import AtLeastOne
 from promptemb.common.errors import ConfigError
-from promptemb.data.fit_corpora import TARGET, Corpora
+from promptemb.data.fit_corpora import Corpora
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, TaskSpec, get_tasks, load_registry
 from promptemb.encoder.model import Encoder
@@ -24,7 +20,8 @@ from promptemb.encoder.template import Template
 from promptemb.evaluation.analysis import analyse_task
 from promptemb.evaluation.clustering import ClusteringConfig
 from promptemb.evaluation.report import attach_scoring_details, scoring_provenance, write_report
-from promptemb.evaluation.scoring_options import ScoringOptions, check_dims
+from promptemb.evaluation.scoring_options import ScoringOptions
+from promptemb.evaluation.settings import ScoringSettings
 from promptemb.evaluation.sts import check_scoring, evaluate_sts
 from promptemb.evaluation.task_families import evaluate_tasks
 from promptemb.evaluation.transfer import ClassifierConfig
@@ -34,28 +31,9 @@ from promptemb.poolers.registry import argument_names
 from promptemb.postprocessing import build_posts
 
 
-@dataclass
-class ScoringSettings:
-    """The `scoring` config group (configs/scoring/): evaluate.py's top-level keys, the training callback's keys."""
-
-    poolers: Sequence[str] = ()
-    pooler_args: dict | None = field(default_factory=dict)  # null: none
-    post: Sequence[str] = ()
-    post_args: dict | None = field(default_factory=dict)
-    fit_corpus: str = TARGET
-    analysis: bool = False
-    task_registry: str | None = None
-    transfer_args: dict | None = field(default_factory=dict)
-    clustering_args: dict | None = field(default_factory=dict)
-    dims: Sequence[AtLeastOne] = ()  # Matryoshka widths: each pooler also scored on its first d components
-
-    def __post_init__(self) -> None:
-        check_dims(self.dims, width=0)  # integers >= 1, none twice; the model's width is checked once it loads
-
-
 def protocol_config(kind, overrides, key: str):
     """`ClassifierConfig` / `ClusteringConfig` with the config's overrides (an unknown field is a config error)."""
-    values = (OmegaConf.to_container(overrides) if OmegaConf.is_config(overrides) else dict(overrides or {}))
+    values = dict(overrides or {})
     valid = list(kind.__dataclass_fields__)
     unknown = sorted(set(values) - set(valid))
     if unknown:

@@ -8,21 +8,18 @@ code adds a zero weight to them: plain columns). Only LoRA adapters train (`peft
 dropout 0.05 on q_proj and v_proj); the base model stays frozen, optionally loaded in 4-bit NF4 (QLoRA).
 
 Checkpoints hold only the adapter weights, with the base model's name and a sha256 of its weights as loaded, so an
-adapter is never applied to another model. `export_adapter` writes the merged model (a plain Hugging Face model) or
-the base name plus the adapter (peft's format).
+adapter is never applied to another model. Exports (merged, or the base name plus the adapter) are exporting/'s.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from transformers import AutoModel, AutoTokenizer
 
 from promptemb.common.bounds import AtLeastOne, Fraction, Positive, TokenLimit
 from promptemb.common.errors import ConfigError, DataError
@@ -50,7 +47,6 @@ ADAPTER_RECORD = "promptemb_adapter"
 #: the name the primary evaluation pooler is logged under: the metric checkpoint selection monitors
 #: (`val/stsb_dev/mask_best`) for every recipe; here it is the last token of the PromptEOL template
 SELECTION_POOLER_NAME = "mask"
-EXPORT_MODES = ("merged", "adapter")
 
 
 def weights_sha256(model: torch.nn.Module) -> str:
@@ -244,46 +240,6 @@ def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> 
     return module
 
 
-def export_adapter(module: PromptEOLSup, out: str | Path, mode: str = "merged") -> Path:
-    """Write `module` to `out`: `merged` (LoRA folded into the base weights: a plain Hugging Face model directory
-    any tool loads) or `adapter` (peft's adapter files naming the base model). Both carry the tokenizer and a
-    `promptemb_decoder.json` with the template and pooling."""
-    if mode not in EXPORT_MODES:
-        raise ConfigError(f"unknown export mode {mode!r}; valid: {', '.join(EXPORT_MODES)}")
-    if module.hparams.quantization is not None and mode == "merged":
-        raise ConfigError("a 4-bit (QLoRA) base cannot be merged exactly; export with mode=adapter")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if mode == "merged":
-        merged_copy(module).save_pretrained(out)
-    else:
-        module.transformer.save_pretrained(out)
-    module.tokenizer.save_pretrained(out)
-    record = {"mode": mode, "base_model": module.hparams.model_name_or_path,
-              "base_weights_sha256": module.base_weights_sha256, "template": module.eval_template.text,
-              "sentence_rule": module.hparams.sentence_rule, "pooler": "last_token", "layer": -1,
-              "max_sentence_tokens": module.hparams.max_sentence_tokens, "padding_side": module.hparams.padding_side}
-    (out / "promptemb_decoder.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return out
-
-
 def merged_copy(module: PromptEOLSup) -> torch.nn.Module:
     """The base model with the adapter folded in, leaving `module` itself unmerged (merging mutates the weights)."""
     return copy.deepcopy(module.transformer).merge_and_unload()
-
-
-def load_merged_export(directory: str | Path) -> tuple[Encoder, LastTokenPooler, InputForm]:
-    """(encoder, pooler, input form) of a merged export, ready for `Encoder.encode_form`."""
-    directory = Path(directory)
-    record_path = directory / "promptemb_decoder.json"
-    if not record_path.is_file():
-        raise ConfigError(f"{directory} is not a PromptEOLSup export (no promptemb_decoder.json)")
-    record = json.loads(record_path.read_text(encoding="utf-8"))
-    if record["mode"] != "merged":
-        raise ConfigError(f"{directory} holds an adapter; load it with load_adapter_checkpoint or peft")
-    transformer = AutoModel.from_pretrained(directory).eval()
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    encoder = Encoder.from_model(transformer, tokenizer, name=str(directory), padding_side=record["padding_side"])
-    form = InputForm(Template(record["template"]), record["sentence_rule"], record["max_sentence_tokens"])
-    return encoder, LastTokenPooler("last_token", layer=record["layer"]), form
-

@@ -6,9 +6,8 @@ set to `train` in configs/train.yaml, so the run folder's log is train.log which
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -16,17 +15,50 @@ from omegaconf import DictConfig
 from promptemb.common import cli
 from promptemb.common.cli import MULTIRUN_FLAGS
 from promptemb.common.errors import ConfigError, exit_on_user_error
+from promptemb.common.hydra_bridge import compose, compose_config, plain, resolved_values, running_context
 from promptemb.common.overrides import parse_overrides, sweep_values
+from promptemb.common.run_context import FROM_PYTHON, RunContext
+from promptemb.common.run_folder import nothing_left_on_user_error
 from promptemb.configs import CONFIG_DIR
+from promptemb.training.guards import preflight
 from promptemb.training.optuna_search import run_study
-from promptemb.training.preflight import check_run_before_hydra
-from promptemb.training.runner import best_dev_score, objective, train
-from promptemb.training.trials import trial
+from promptemb.training.run_lock import first_process_of_job
+from promptemb.training.runner import best_dev_score, train
+from promptemb.training.settings import CHECKED_BEFORE_HYDRA, TrainSettings, train_settings
+from promptemb.training.trials import before_the_run, trial
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+@exit_on_user_error
+def train_task(cfg: DictConfig) -> float | None:
+    """Hydra's task (lightning-hydra-template's `main`): the composed config checked into `TrainSettings`, then one
+    `train` as a trial (its outcome recorded in its run folder; under -m a failed trial does not stop the sweep), or
+    an Optuna search when `hparams_search` is set (each trial one `train`). Returns the best STS-B dev [MASK] score,
+    the objective of sweeps."""
+    context = running_context()
+    if cfg.get("hparams_search"):
+        with nothing_left_on_user_error(context.run_dir):  # a refused study leaves no folder behind
+            settings = train_settings(plain(cfg))
+        return run_study(settings, context, train_trial)
+    with trial(cfg.output_dir, context) as outcome:
+        outcome.objective = best_dev_score(train(checked(cfg), context))
+    return outcome.objective
+
+
+def checked(cfg) -> TrainSettings:
+    """The composed config's one check; a refusal comes before the run takes its folder (which stays as it was)."""
+    with before_the_run():
+        return train_settings(plain(cfg))
+
+
+def train_trial(overrides: list[str], context: RunContext) -> float | None:
+    """One trial of an Optuna search: train.py's config with the trial's overrides, checked and trained."""
+    return best_dev_score(train(checked(compose("train", overrides, resolve=False)), context))
 
 
 def compose_train(overrides: list[str]) -> DictConfig:
     """train.py's config as Hydra composes it for these overrides (no run, no output directory)."""
-    return cli.compose_config("train", overrides)
+    return compose_config("train", overrides)
 
 
 def experiment_names() -> list[str]:
@@ -51,19 +83,11 @@ def check_experiment_overrides(argv: list[str]) -> None:
                                       f"{', '.join(experiment_names())}")
 
 
-def unknown_key_message(key: str, overrides: list[str], where: str = "") -> str:
-    """One line naming an override key that train.py's config does not have, with the closest existing key."""
-    return cli.unknown_key_message(key, overrides, where, entry="train")
-
-
 def check_train_only_keys(argv: list[str]) -> None:
     """`backbone.*` keys other than the model's name are evaluate.py's: training builds the model from
     `backbone.name_or_path` only, so such an override would be accepted and ignored. One line naming the key that
     does it instead."""
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        _, key, _ = cli.split_override(arg)
+    for _, key, _ in cli.overrides_of(argv):
         group, dot, leaf = key.partition(".")
         unread = next((reason for name, reason in UNREAD_KEYS.items() if key == name or key.startswith(name + ".")),
                       None)
@@ -94,28 +118,27 @@ TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input'
                         "quantization": "model.quantization=4bit (QLoRA in the decoder recipe prompteol_sup)"}
 
 
-def command_line_first(hydra_task: Callable[[], None]) -> Callable[[], None]:
-    """Around Hydra's `main`: train.py's command line is checked before Hydra composes the config and creates the
-    run folder (for a resume or an existing folder, with the config check and the preflight); one `error:` line."""
+def check_run_before_hydra(argv: list[str]) -> None:
+    """The preflight refusals (training/guards.py) before Hydra touches an existing run folder: for a resume or a
+    run into a folder that exists, the config is composed and checked here, and those settings are the ones the task
+    trains with (one check per command). A fresh run into a new folder has nothing to protect; flags (-m, --cfg, ...)
+    are left to Hydra and each trial of a sweep has a folder of its own."""
+    if any(arg.startswith("-") for arg in argv) or not first_process_of_job():
+        return
+    try:
+        composed = compose("train", argv, resolve=False)
+        ckpt_path, resume, output_dir = resolved_values(composed, "ckpt_path", "resume", "output_dir")
+    except Exception:  # overrides that do not compose: Hydra reports them
+        return
+    if ckpt_path not in (None, "", "null") or resume or Path(output_dir).exists():
+        settings = TrainSettings.model_validate(plain(composed))
+        preflight(settings, FROM_PYTHON)
+        CHECKED_BEFORE_HYDRA.append(settings)
 
-    @functools.wraps(hydra_task)
-    def checked() -> None:
-        exit_on_user_error(cli.check_command_line)("train", sys.argv[1:], check_experiment_overrides,
-                                                    check_train_only_keys, check_run_before_hydra)
-        hydra_task()
 
-    return checked
-
-
-@command_line_first
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
-@exit_on_user_error
-def main(cfg: DictConfig) -> float | None:
-    """train.py's task, Hydra's `main` as in lightning-hydra-template: `train(cfg)` as a trial (its outcome recorded
-    in the run folder; under -m a failed trial does not stop the sweep), or an Optuna search when `hparams_search` is
-    set (each trial one `train(cfg)`). Returns the best STS-B dev [MASK] score (the objective of sweeps)."""
-    if cfg.get("hparams_search"):
-        return run_study(cfg, objective)
-    with trial(cfg.output_dir) as outcome:
-        outcome.objective = best_dev_score(train(cfg))
-    return outcome.objective
+def main() -> None:
+    """train.py / promptemb-train: the command line checked before Hydra composes the config and creates the run
+    folder (one `error:` line), then Hydra runs `train_task`."""
+    exit_on_user_error(cli.check_command_line)("train", sys.argv[1:], check_experiment_overrides,
+                                                check_train_only_keys, check_run_before_hydra)
+    train_task()

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytorch_lightning as pl
-from omegaconf import DictConfig, OmegaConf
 
 from promptemb.common.errors import ConfigError, UserError
 from promptemb.common.instantiate import build
@@ -30,6 +29,7 @@ from promptemb.data.checksums import sha256_file
 from promptemb.data.mined_triplets import mined_provenance, mined_summary
 from promptemb.encoder.loading import resolve_model_path
 from promptemb.lightning_modules.checkpoint import LINEAGE_KEY, module_class_path
+from promptemb.training.settings import TrainSettings
 
 #: Files of a Hugging Face model directory that hold its weights, and those that define its tokenizer.
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
@@ -74,10 +74,9 @@ def backbone_lineage(name_or_path: str) -> dict:
             "tokenizer_sha256": files_sha256(tokenizer)}
 
 
-def data_lineage(cfg: DictConfig) -> dict:
+def data_lineage(data: dict) -> dict:
     """The corpus files' content (in order) and the settings that pick and order examples from them."""
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    datamodule = build(cfg.data)
+    datamodule = build(data)
     names = list(data.get("files") or ([data["file"]] if data.get("file") else []))
     paths = [datamodule.resolve(name) for name in names]
     missing = [str(path) for path in paths if not path.is_file()]
@@ -91,15 +90,20 @@ def data_lineage(cfg: DictConfig) -> dict:
     return record
 
 
-def run_lineage(cfg: DictConfig) -> dict:
-    """What exact resume depends on, from a composed train.py config (reads the corpus files and the backbone's
-    weight and tokenizer files to hash them)."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    record = {"recipe": model.get("_target_"), **backbone_lineage(model["model_name_or_path"])}
-    record.update({f"model.{key}": model.get(key) for key in INPUT_SETTINGS if key in model})
-    if "model.template" in record:  # OptiPrompt's one template is the `templates` of the other recipes
+def run_lineage(settings: TrainSettings) -> dict:
+    """What exact resume depends on, from train.py's settings (reads the corpus files and the backbone's weight and
+    tokenizer files to hash them)."""
+    model = settings.model
+    return {"recipe": model.get("_target_"), **backbone_lineage(model["model_name_or_path"]), **input_lineage(model),
+            **data_lineage(settings.data)}
+
+
+def input_lineage(settings: dict) -> dict:
+    """The recipe settings that decide what the model is fed; OptiPrompt's one `template` is the `templates` of the
+    other recipes."""
+    record = {f"model.{key}": settings.get(key) for key in INPUT_SETTINGS if key in settings}
+    if "model.template" in record:
         record["model.templates"] = [record.pop("model.template")]
-    record.update(data_lineage(cfg))
     return record
 
 
@@ -113,10 +117,7 @@ def checkpoint_lineage(checkpoint: dict) -> dict:
         recipe = module_class_path(checkpoint)
     except UserError:  # no recognisable recipe: nothing to compare on that item
         recipe = None
-    record = {"recipe": recipe, "backbone": hparams.get("model_name_or_path")}
-    record.update({f"model.{key}": hparams.get(key) for key in INPUT_SETTINGS if key in hparams})
-    if "model.template" in record:
-        record["model.templates"] = [record.pop("model.template")]
+    record = {"recipe": recipe, "backbone": hparams.get("model_name_or_path"), **input_lineage(hparams)}
     return {key: value for key, value in record.items() if value is not None}
 
 

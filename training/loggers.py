@@ -5,7 +5,7 @@ W&B specifics handled here, before any run is created:
   (never an interactive login prompt);
 * on resume, the W&B run id stored in the checkpoint (callbacks/wandb_run.py) is passed as `id` (WandbLogger uses
   `resume="allow"`), so the resumed training continues the same W&B run;
-* the full resolved Hydra config is logged as the run config (rank 0 only: `log_hyperparams` is rank-zero-only).
+* the full resolved config is logged as the run config (rank 0 only: `log_hyperparams` is rank-zero-only).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import os
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import Logger, WandbLogger
 
 from promptemb.callbacks.wandb_run import wandb_run_id
@@ -31,7 +30,7 @@ NO_CREDENTIALS = ("W&B online logging needs credentials: run `wandb login` or se
                   "or use logger.mode=offline / logger.mode=disabled / logger=csv")
 
 
-def logger_configs(cfg_logger: DictConfig | None) -> dict[str, DictConfig]:
+def logger_configs(cfg_logger: dict | None) -> dict[str, dict]:
     """{name: logger config}: one config with `_target_` (logger=csv / wandb) or a mapping of them (many_loggers)."""
     if not cfg_logger:
         return {}
@@ -40,7 +39,7 @@ def logger_configs(cfg_logger: DictConfig | None) -> dict[str, DictConfig]:
     return {name: sub for name, sub in cfg_logger.items() if sub}
 
 
-def is_wandb(cfg_logger: DictConfig) -> bool:
+def is_wandb(cfg_logger: dict) -> bool:
     return cfg_logger.get("_target_") in (WANDB_TARGET, "lightning.pytorch.loggers.WandbLogger")
 
 
@@ -63,7 +62,7 @@ def wandb_has_credentials() -> bool:
             return False
 
 
-def check_wandb_config(cfg_logger: DictConfig) -> None:
+def check_wandb_config(cfg_logger: dict) -> None:
     mode = cfg_logger.get("mode") or "online"
     if mode not in WANDB_MODES:
         raise ConfigError(f"logger.mode={mode!r} is not a W&B mode; use one of {', '.join(WANDB_MODES)}")
@@ -73,20 +72,20 @@ def check_wandb_config(cfg_logger: DictConfig) -> None:
 
 
 
-def build_loggers(cfg_logger: DictConfig | None, resume: dict | None = None) -> list[Logger]:
+def build_loggers(cfg_logger: dict | None, resume: dict | None = None) -> list[Logger]:
     """Instantiate the configured loggers. `resume`: the checkpoint dict being resumed from (W&B: its run id is
     continued; CSV: the rows before its step are kept). W&B configs are checked first."""
     loggers = []
     for name, sub in logger_configs(cfg_logger).items():
         if sub.get("_target_") == RESUMABLE_CSV_TARGET and resume is not None:
-            sub = OmegaConf.merge(sub, {"resume_step": int(resume.get("global_step", 0))})
+            sub = {**sub, "resume_step": int(resume.get("global_step", 0))}
         if is_wandb(sub):
             require("wandb", "logger=wandb")
             check_wandb_config(sub)
             run_id = wandb_run_id(resume) if resume is not None else None
             if run_id and not sub.get("id") and sub.get("mode") != "disabled":
                 log.info("resuming W&B run %s (id saved in the checkpoint)", run_id)
-                sub = OmegaConf.merge(sub, {"id": run_id})
+                sub = {**sub, "id": run_id}
         try:
             loggers.append(instantiate(sub, _convert_="all"))
         except InstantiationException as err:  # a typo in a logger option: name the logger, keep Hydra's reason
@@ -94,12 +93,10 @@ def build_loggers(cfg_logger: DictConfig | None, resume: dict | None = None) -> 
     return loggers
 
 
-def log_config(loggers: list[Logger], cfg: DictConfig) -> None:
-    """The full resolved Hydra config as W&B run config (nested: optimizer.lr, data.batch_size, ... as in sweeps)."""
-    resolved = None
+def log_config(loggers: list[Logger], resolved: dict) -> None:
+    """The full resolved config as W&B run config (nested: optimizer.lr, data.batch_size, ... as in sweeps)."""
     for logger in loggers:
         if isinstance(logger, WandbLogger):
-            resolved = resolved or OmegaConf.to_container(cfg, resolve=True)
             logger.log_hyperparams(resolved)
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from omegaconf import DictConfig
-
 from promptemb.common.errors import UserError
+from promptemb.training.settings import TrainSettings
 
 
 class TrainingOutOfMemoryError(UserError):
@@ -26,23 +25,23 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and any(marker in str(err) for marker in MARKERS)
 
 
-def out_of_memory_message(err: BaseException, step: int, cfg: DictConfig) -> str:
+def out_of_memory_message(err: BaseException, step: int, settings: TrainSettings) -> str:
     what = (str(err).strip().splitlines() or [type(err).__name__])[0]
     what = what if len(what) <= 160 else what[:157] + "..."
-    model = cfg.get("model") or {}
+    model = settings.model or {}
     chunk = model.get("grad_cache_chunk_size")
-    batch = (cfg.get("data") or {}).get("batch_size")
+    batch = (settings.data or {}).get("batch_size")
     return (f"out of memory at step {step} ({what}); use less memory per step: a smaller data.batch_size (now "
             f"{batch}), model.grad_cache_chunk_size=N to embed each batch in chunks of N examples (now {chunk}), or "
             f"model.gradient_checkpointing=true (now {str(model.get('gradient_checkpointing', False)).lower()})")
 
 
 @contextlib.contextmanager
-def out_of_memory_is_one_line(cfg: DictConfig, trainer) -> Iterator[None]:
+def out_of_memory_is_one_line(settings: TrainSettings, trainer) -> Iterator[None]:
     """Inside: an out-of-memory error becomes a one-line `TrainingOutOfMemoryError`."""
     try:
         yield
     except (RuntimeError, MemoryError) as err:
         if not is_out_of_memory(err):
             raise
-        raise TrainingOutOfMemoryError(out_of_memory_message(err, trainer.global_step, cfg)) from None
+        raise TrainingOutOfMemoryError(out_of_memory_message(err, trainer.global_step, settings)) from None

@@ -15,14 +15,14 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
+from promptemb.common.instantiate import build
 from promptemb.common.io import atomic_write_json
 from promptemb.common.optional import require
+from promptemb.common.run_context import RunContext
 from promptemb.common.run_folder import nothing_left_on_user_error
-from promptemb.training.run_dirs import STUDY_TRIAL_OVERRIDES
+from promptemb.training.settings import TrainSettings
 from promptemb.training.trials import (
     COMPLETED,
     INTERRUPTED,
@@ -30,7 +30,6 @@ from promptemb.training.trials import (
     TrialOutcome,
     exit_if_failed,
     summarise,
-    task_overrides,
     trial,
 )
 
@@ -68,10 +67,16 @@ def search_space(params: dict) -> dict:
     return space
 
 
-def check_keys(cfg: DictConfig, keys: list[str]) -> None:
-    missing = [key for key in keys if not key.startswith("+") and OmegaConf.select(cfg, key, default=None) is None]
+def check_keys(values: dict, keys: list[str]) -> None:
+    missing = [key for key in keys if not key.startswith("+") and lookup(values, key) is None]
     if missing:
         raise ConfigError(f"hparams_search.params: {', '.join(missing)} is not a key of train.py's config")
+
+
+def lookup(values: dict, key: str):
+    for part in key.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
 
 
 def check_not_searched(overrides: list[str], searched: list[str]) -> None:
@@ -88,46 +93,46 @@ def override_value(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def run_study(cfg: DictConfig, objective: Callable[[DictConfig], float | None]) -> float | None:
-    """Run the configured study, each trial `objective(trial_cfg)` (a train.py run: the best dev score it reached);
-    returns the best objective (None if no trial completed)."""
-    optuna = require("optuna", "hparams_search (Optuna)")
-    from hydra import compose
-    from hydra.utils import instantiate
+#: One trial: train.py's config composed with these overrides, checked and trained in `RunContext`'s trial; returns
+#: the objective (training/command_line.py).
+TrainTrial = Callable[[list[str], RunContext], float | None]
 
-    search = cfg.hparams_search
-    space = search_space(OmegaConf.to_container(search.params, resolve=True))
-    base = [o for o in task_overrides() if not o.lstrip("+~").startswith(("hparams_search", "output_dir="))]
-    with nothing_left_on_user_error():  # a refused study leaves no folder behind
-        check_keys(cfg, list(space))
+
+def run_study(settings: TrainSettings, context: RunContext, train_trial: TrainTrial) -> float | None:
+    """Run the study configured in `settings.hparams_search`, each trial `train_trial(overrides, context)` (a
+    train.py run in its own folder: the best dev score it reached); returns the best objective (None if no trial
+    completed)."""
+    optuna = require("optuna", "hparams_search (Optuna)")
+    search = settings.hparams_search
+    space = search_space(search["params"])
+    base = [o for o in context.overrides if not o.lstrip("+~").startswith(("hparams_search", "output_dir="))]
+    with nothing_left_on_user_error(context.run_dir):  # a refused study leaves no folder behind
+        check_keys(settings.resolved, list(space))
         check_not_searched(base, list(space))
-        if int(search.n_trials) < 1:
-            raise ConfigError(f"hparams_search.n_trials must be >= 1, got {search.n_trials}")
-    study_dir = Path(cfg.output_dir)
-    sampler = instantiate(search.sampler) if search.get("sampler") else None
-    study = optuna.create_study(study_name=search.get("study_name"), direction=search.direction, sampler=sampler,
+        if int(search["n_trials"]) < 1:
+            raise ConfigError(f"hparams_search.n_trials must be >= 1, got {search['n_trials']}")
+    study_dir = Path(settings.output_dir)
+    sampler = build(search["sampler"]) if search.get("sampler") else None
+    study = optuna.create_study(study_name=search.get("study_name"), direction=search["direction"], sampler=sampler,
                                 storage=search.get("storage"), load_if_exists=bool(search.get("storage")))
     for params in search.get("enqueue") or []:
-        study.enqueue_trial(OmegaConf.to_container(params, resolve=True))
-    base = [o for o in task_overrides() if not o.lstrip("+~").startswith(("hparams_search", "output_dir="))]
+        study.enqueue_trial(params)
     rows = []
-    for number in range(int(search.n_trials)):
+    for number in range(int(search["n_trials"])):
         asked = study.ask(space)
         trial_dir = study_dir / "trials" / str(number)
         overrides = [*base, *(f"{key}={override_value(value)}" for key, value in asked.params.items()),
                      f"output_dir={trial_dir}", "~hparams_search"]
         log.info("trial %d: %s", number, asked.params)
-        token = STUDY_TRIAL_OVERRIDES.set(overrides)  # what a stopped trial's resume command repeats
+        trial_context = context.for_trial(number, overrides)  # what a stopped trial's resume command repeats
         try:
-            outcome = run_study_trial(compose, overrides, trial_dir, objective, asked.params)
+            outcome = run_study_trial(train_trial, trial_dir, trial_context, asked.params)
         except RunInterruptedError as err:  # Ctrl-C: the study stops; what ran so far is written down
             study.tell(asked, state=optuna.trial.TrialState.FAIL)
             rows.append({"trial": number, "status": INTERRUPTED, "objective": None, "params": asked.params,
                          "reason": str(err), "run_dir": str(trial_dir)})
             write_study(study, search, study_dir, rows, optuna)
             raise
-        finally:
-            STUDY_TRIAL_OVERRIDES.reset(token)
         if outcome.status == COMPLETED and outcome.objective is not None:
             study.tell(asked, outcome.objective)
         else:
@@ -141,26 +146,22 @@ def run_study(cfg: DictConfig, objective: Callable[[DictConfig], float | None]) 
     return best.value if best else None
 
 
-def run_study_trial(compose, overrides: list[str], trial_dir: Path, objective, params: dict) -> TrialOutcome:
-    """One trial of the study: `objective` of train.py's config with the trial's overrides, in `trial_dir`."""
-    with trial(trial_dir, in_sweep=True, overrides=overrides, params=params) as outcome:
-        try:
-            trial_cfg = compose(config_name="train", overrides=overrides)
-        except Exception:  # an impossible combination: a failed trial, not a failed study
-            trial_dir.mkdir(parents=True, exist_ok=True)
-            raise
-        outcome.objective = objective(trial_cfg)
+def run_study_trial(train_trial: TrainTrial, trial_dir: Path, context: RunContext, params: dict) -> TrialOutcome:
+    """One trial of the study, recorded in `trial_dir` (a failure is a failed trial, not a failed study)."""
+    with trial(trial_dir, context, params) as outcome:
+        outcome.objective = train_trial(list(context.overrides), context)
     return outcome
 
 
-def write_study(study, search: DictConfig, study_dir: Path, rows: list[dict], optuna):
+def write_study(study, search: dict, study_dir: Path, rows: list[dict], optuna):
     """study.json and the table of the trials so far: (how many did not complete, the best trial or None)."""
     completed = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = study.best_trial if completed else None
     atomic_write_json(study_dir / "study.json", {
-        "study_name": study.study_name, "direction": search.direction, "objective": "val/stsb_dev/mask_best",
+        "study_name": study.study_name, "direction": search["direction"], "objective": "val/stsb_dev/mask_best",
         "best": {"trial": best.number, "value": best.value, "params": best.params} if best else None,
         "trials": [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params}
                    for t in study.trials]})
-    failed = summarise(rows, study_dir, f"Optuna study {study.study_name} ({search.direction} val/stsb_dev/mask_best)")
+    title = f"Optuna study {study.study_name} ({search['direction']} val/stsb_dev/mask_best)"
+    failed = summarise(rows, study_dir, title)
     return failed, best

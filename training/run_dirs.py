@@ -16,22 +16,15 @@ import os
 import shlex
 import shutil
 import sys
-from contextvars import ContextVar
 from pathlib import Path
 
-from omegaconf import OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.hydra_bridge import register_resolver, running_context
+from promptemb.common.run_context import RunContext
 
 LAST = "last"
-
-
-def in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def newest_last_checkpoint(task_dir: Path) -> Path | None:
@@ -40,37 +33,20 @@ def newest_last_checkpoint(task_dir: Path) -> Path | None:
     return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
 
 
-def current_run_folder() -> Path | None:
-    """This single run's folder (`output_dir`) once Hydra has set it; None outside Hydra, in a sweep, or while
-    Hydra is still resolving it."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return None
-    try:
-        config = HydraConfig.get()
-        if config.mode != RunMode.RUN:
-            return None
-        return Path(config.runtime.output_dir)
-    except Exception:  # runtime.output_dir not set yet: Hydra is computing it
-        return None
-
-
 def resume_checkpoint(ckpt_path: str | None, resume: bool, task_dir: str | Path,
                       run_folder: str | Path | None = None) -> Path | None:
     """The checkpoint a run resumes from: `ckpt_path` as given, or for `last` / `resume=true` the run folder's own
     `checkpoints/last.ckpt` when `output_dir=` names one, else the newest one of the task; None for a fresh run. A
     `last` with nothing to resume is an error, and so is a named run folder without a last.ckpt (never another run's
-    checkpoint resumed into it). `run_folder`: the run's composed `output_dir` where Hydra has not set its run folder
-    yet (train.py's checks before Hydra starts); default: Hydra's run folder."""
+    checkpoint resumed into it). `run_folder`: the run's own folder (`output_dir`), None where it has none yet (the
+    resolver computing it) or shares `last` with the task (a sweep's trials)."""
     if ckpt_path in (None, "", "null") and not resume:
         return None
     if ckpt_path not in (None, "", "null", LAST):
         return Path(str(ckpt_path))
     found = newest_last_checkpoint(Path(task_dir))
-    folder = Path(run_folder) if run_folder is not None else current_run_folder()
-    if folder is not None:
+    if run_folder is not None:
+        folder = Path(run_folder)
         own = folder / "checkpoints" / "last.ckpt"
         if own.is_file():
             return own
@@ -98,10 +74,8 @@ def run_dir(ckpt_path: str | None, resume: bool, task_dir: str, stamp: str) -> s
     trial's folder in a sweep, else a new timestamped folder."""
     if os.environ.get(RANK_ZERO_RUN_DIR):
         return os.environ[RANK_ZERO_RUN_DIR]
-    if in_multirun():
-        from hydra.core.hydra_config import HydraConfig
-
-        return HydraConfig.get().runtime.output_dir
+    if (job := running_context()).multirun:
+        return str(job.job_dir)
     try:
         checkpoint = resume_checkpoint(ckpt_path, bool(resume), task_dir)
     except ConfigError:  # reported by train.py with its one line; Hydra needs some folder meanwhile
@@ -111,42 +85,27 @@ def run_dir(ckpt_path: str | None, resume: bool, task_dir: str, stamp: str) -> s
     return str(Path(task_dir) / "runs" / stamp)
 
 
-#: The overrides of the Optuna trial running now (its config is composed in-process, not by Hydra's job).
-STUDY_TRIAL_OVERRIDES: ContextVar[list[str] | None] = ContextVar("study_trial_overrides", default=None)
-
-
-def command_overrides() -> list[str]:
-    """This run's overrides: an Optuna trial's, the running Hydra job's (in a sweep, this trial's values), else the
-    command line's."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if STUDY_TRIAL_OVERRIDES.get() is not None:
-        return list(STUDY_TRIAL_OVERRIDES.get())
-    if HydraConfig.initialized():
-        return list(HydraConfig.get().overrides.task)
-    return [arg for arg in sys.argv[1:] if not arg.startswith("-")]
-
-
-def resume_command(output_dir: str | Path, checkpoint: str | Path) -> str:
+def resume_command(output_dir: str | Path, checkpoint: str | Path, overrides: tuple[str, ...]) -> str:
     """The command line that resumes this run from `checkpoint` into its own folder: this process's command with
-    `ckpt_path`, `resume` and `output_dir` set explicitly (a sweep's trial resumes as a single run)."""
+    the run's `overrides` and `ckpt_path`, `resume` and `output_dir` set explicitly (a sweep's trial resumes as a
+    single run)."""
     program = sys.argv[0] if sys.argv and sys.argv[0] else "train.py"
     python = "python" if shutil.which("python") and Path(shutil.which("python")).resolve() == Path(
         sys.executable).resolve() else sys.executable
     head = [python, program] if program.endswith(".py") else [program]
     flags = [arg for arg in sys.argv[1:] if arg.startswith("-") and "=" in arg]  # --config-dir=..., not -m
     replaced = ("ckpt_path", "resume", "output_dir", "hparams_search")  # a study's trial resumes as a single run
-    kept = [o for o in command_overrides() if o.lstrip("+~").split("=", 1)[0] not in replaced]
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in replaced]
     return shlex.join([*head, *flags, *kept, f"output_dir={Path(output_dir).resolve()}",
                        f"ckpt_path={Path(checkpoint).resolve()}"])
 
 
-def resume_hint(output_dir: str | Path) -> str:
+def resume_hint(output_dir: str | Path, context: RunContext) -> str:
     """How to continue a stopped run: the exact command when it has saved `last.ckpt`."""
     last = Path(output_dir) / "checkpoints" / "last.ckpt"
     if last.is_file():
-        return f"resume with: {resume_command(output_dir, last)}"
+        return f"resume with: {resume_command(output_dir, last, context.overrides)}"
     return "no checkpoint was saved, so there is nothing to resume: start the run again"
 
 
-OmegaConf.register_new_resolver("promptemb.run_dir", run_dir, replace=True)
+register_resolver("promptemb.run_dir", run_dir)

@@ -1,28 +1,29 @@
-"""`train(cfg)`: instantiate everything from the composed config and call `trainer.fit` (lightning-hydra-template's
-`train`; the final STS scoring happens in the evaluation callback).
+"""`train(settings, context)`: instantiate everything from the checked settings and call `trainer.fit`
+(lightning-hydra-template's `train`; the final STS scoring happens in the evaluation callback).
 
-The checks and the run folder are a context manager around the body (`run_folder`, training/guards.py); the trial
-record, sweeps and the Optuna search wrap `train(cfg)` from outside (training/command_line.py, training/trials.py,
-training/optuna_search.py). From train.py: `main(cfg)` -> `train(cfg)` -> `trainer.fit`."""
+The run folder's refusals and lock are a context manager around the body (`run_folder`, training/guards.py); the
+trial record, sweeps and the Optuna search wrap `train` from outside (training/command_line.py, training/trials.py,
+training/optuna_search.py). From train.py: `train_task(cfg)` -> `train(settings, context)` -> `trainer.fit`."""
 
 from __future__ import annotations
 
 import logging
 
 import pytorch_lightning as pl
-from omegaconf import DictConfig, OmegaConf
 
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.common.instantiate import build
+from promptemb.common.run_context import FROM_PYTHON, RunContext
 from promptemb.training.guards import run_folder
 from promptemb.training.loggers import log_config
+from promptemb.training.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
 
-def build_module(cfg: DictConfig) -> pl.LightningModule:
+def build_module(settings: TrainSettings) -> pl.LightningModule:
     """The recipe (`model`) with the configured optimiser and schedule (`optimizer`, `scheduler`: Hydra partials)."""
-    return build(cfg.model, optimizer=build(cfg.optimizer), scheduler=build(cfg.scheduler))
+    return build(settings.model, optimizer=build(settings.optimizer), scheduler=build(settings.scheduler))
 
 
 def sts_callback(callbacks: list[pl.Callback]) -> STSEvaluationCallback | None:
@@ -39,26 +40,21 @@ def best_dev_score(trainer: pl.Trainer) -> float | None:
     return callback.best_selection_score(include_untrained=True) if callback else None
 
 
-def objective(cfg: DictConfig) -> float | None:
-    """What an Optuna search maximises: the best dev score of one train.py run."""
-    return best_dev_score(train(cfg))
-
-
-def train(cfg: DictConfig) -> pl.Trainer:
+def train(settings: TrainSettings, context: RunContext = FROM_PYTHON) -> pl.Trainer:
     """Train one run in its folder (`output_dir`) and return the trainer."""
-    with run_folder(cfg) as run:  # checked, resumable, the folder's lock held
-        pl.seed_everything(int(cfg.seed), workers=True)
-        # _convert_="all": modules get plain lists/dicts, so checkpoints hold no OmegaConf objects and load with
+    with run_folder(settings, context) as run:  # resumable, the folder's lock held
+        pl.seed_everything(settings.seed, workers=True)
+        # _convert_="all": modules get plain lists/dicts, so checkpoints hold no config objects and load with
         # torch.load(weights_only=True).
-        datamodule = build(cfg.data)
-        module = build_module(cfg)
-        callbacks = [*(build(c) for c in cfg.callbacks.values() if c is not None), *run.callbacks()]
+        datamodule = build(settings.data)
+        module = build_module(settings)
+        callbacks = [*(build(c) for c in settings.callbacks.values() if c is not None), *run.callbacks()]
         for callback in callbacks:
             if isinstance(callback, STSEvaluationCallback):
-                callback.provenance.update(seed=int(cfg.seed), config=OmegaConf.to_container(cfg, resolve=True),
+                callback.provenance.update(seed=settings.seed, config=settings.resolved,
                                            held_out_tasks=list(getattr(datamodule, "held_out_tasks", ())))
-        trainer: pl.Trainer = build(cfg.trainer, callbacks=callbacks, logger=run.loggers or False)
-        log_config(run.loggers, cfg)
+        trainer: pl.Trainer = build(settings.trainer, callbacks=callbacks, logger=run.loggers or False)
+        log_config(run.loggers, settings.resolved)
         with run.fitting(trainer):  # SIGTERM, Ctrl-C and out of memory as one line each
             trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path)
         sts = sts_callback(callbacks)

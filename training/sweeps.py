@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
 
+from promptemb.common.cli import unknown_key_message
 from promptemb.common.errors import ConfigError, exit_on_user_error
+from promptemb.common.hydra_bridge import compose
 from promptemb.configs import CONFIG_DIR
-from promptemb.training.command_line import compose_train, experiment_names, unknown_key_message
+from promptemb.training.command_line import experiment_names
 
 HYDRA_ARG_MACROS = ("${args_no_hyphens}", "${args_append_hydra}", "${args_override_hydra}")
 DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "uniform", "q_uniform", "log_uniform_values",
@@ -94,7 +95,7 @@ def validate_sweep(spec: dict, where: str = "sweep") -> None:
     parameters = spec.get("parameters")
     if not isinstance(parameters, dict) or not parameters:
         raise ConfigError(f"{where}: no parameters to sweep")
-    base = OmegaConf.to_container(compose_train(fixed))
+    base = compose("train", fixed, resolve=False)
     context = f"{where}: parameter " + (f"(experiment={experiments[0]}) " if experiments else "")
     for key, entry in parameters.items():
         if not isinstance(entry, dict) or "parameters" in entry:
@@ -118,7 +119,7 @@ def validate_sweep(spec: dict, where: str = "sweep") -> None:
     # the values must compose too (types, group options): one sampled configuration, exactly as overrides
     sampled = sample(spec, random.Random(0))
     try:
-        compose_train(fixed + [f"{k}={v}" for k, v in sampled.items()])
+        compose("train", fixed + [f"{k}={v}" for k, v in sampled.items()], resolve=False)
     except Exception as err:
         raise ConfigError(f"{where}: sampled overrides {sampled} do not compose: "
                           f"{' '.join(str(err).split())}") from None

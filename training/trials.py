@@ -30,10 +30,11 @@ from omegaconf import DictConfig
 from promptemb.common.errors import PreemptedError, UserError
 from promptemb.common.io import atomic_write_json, atomic_write_text
 from promptemb.common.overrides import parse_overrides
+from promptemb.common.run_context import FROM_PYTHON, RunContext
 from promptemb.common.run_folder import HYDRA_OWN_FILES, remove_if_untouched
 from promptemb.research.seed_report import seed_report as write_seed_report
 from promptemb.research.seed_report import summary_line
-from promptemb.training.run_dirs import in_multirun, is_global_rank_zero, resume_hint
+from promptemb.training.run_dirs import is_global_rank_zero, resume_hint
 from promptemb.training.run_lock import LOCK_FILE, RUN_RECORDS, first_process_of_job
 
 log = logging.getLogger(__name__)
@@ -94,80 +95,66 @@ class TrialOutcome:
     params: dict = field(default_factory=dict)
 
 
-def task_overrides() -> list[str]:
-    """The command-line overrides of the running Hydra job ([] outside Hydra)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def hydra_job_dir() -> Path | None:
-    from hydra.core.hydra_config import HydraConfig
-
-    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
-
-
 @contextlib.contextmanager
-def trial(run_dir: str | Path, in_sweep: bool | None = None, overrides: list[str] | None = None,
-          params: dict | None = None) -> Iterator[TrialOutcome]:
-    """Around one run in `run_dir` (`in_sweep`: under -m when not given): yields its `TrialOutcome`, in which the
-    block puts the objective; records the outcome in the run folder following the failed-run policy above. Outside
-    a sweep an error propagates; inside one it is logged as one line and the block ends with a failed outcome,
-    except Ctrl-C, which records the trial and stops the sweep (`RunInterruptedError`)."""
+def trial(run_dir: str | Path, context: RunContext = FROM_PYTHON, params: dict | None = None
+          ) -> Iterator[TrialOutcome]:
+    """Around one run in `run_dir` started as `context` says (one of a sweep: `context.in_sweep`): yields its
+    `TrialOutcome`, in which the block puts the objective; records the outcome in the run folder following the
+    failed-run policy above. Outside a sweep an error propagates; inside one it is logged as one line and the block
+    ends with a failed outcome, except Ctrl-C, which records the trial and stops the sweep (`RunInterruptedError`)."""
     run_dir = Path(run_dir)
-    in_sweep = in_multirun() if in_sweep is None else in_sweep
     if not is_global_rank_zero():  # one record per run, in rank 0's folder, written by rank 0
         yield TrialOutcome(COMPLETED)
         return
-    outcome = TrialOutcome(COMPLETED, overrides=list(overrides if overrides is not None else task_overrides()),
-                           params=dict(params or {}))
+    outcome = TrialOutcome(COMPLETED, overrides=list(context.overrides), params=dict(params or {}))
     try:
         yield outcome
         objective = outcome.objective
         outcome.objective = objective if objective is None or math.isfinite(objective) else None
     except (Exception, KeyboardInterrupt) as caught:
         # Ctrl-C outside Lightning's fit loop (which train() turns into RunInterruptedError itself)
-        err = RunInterruptedError(f"interrupted (Ctrl-C); {resume_hint(run_dir)}") if isinstance(
+        err = RunInterruptedError(f"interrupted (Ctrl-C); {resume_hint(run_dir, context)}") if isinstance(
             caught, KeyboardInterrupt) else caught
         outcome.objective = None
         outcome.status = (PREEMPTED if isinstance(err, PreemptedError) else
                           INTERRUPTED if isinstance(err, RunInterruptedError) else FAILED)
         outcome.reason = str(err).splitlines()[0] if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
         before = raised_before_the_run(caught)
-        if before and not in_sweep:
+        if before and not context.in_sweep:
             remove_if_untouched(run_dir)  # only a folder this run's Hydra just created, holding nothing else
         elif before:
-            record(outcome, run_dir, run_folder=False)
-        elif not in_sweep and not has_checkpoint(run_dir):
+            record(outcome, run_dir, context, run_folder=False)
+        elif not context.in_sweep and not has_checkpoint(run_dir):
             if first_process_of_job():  # the other ranks of a DDP job share the folder: one process removes it
                 remove_failed_run(run_dir)
         else:
-            record(outcome, run_dir)
-        if isinstance(err, RunInterruptedError) and in_multirun() and (sweep_dir := hydra_sweep_dir()) is not None:
-            summarise_sweep(sweep_dir, title_suffix=" (interrupted)")
-        if in_sweep and not isinstance(err, RunInterruptedError):
+            record(outcome, run_dir, context)
+        if isinstance(err, RunInterruptedError) and context.multirun:
+            summarise_sweep(context.sweep_dir, title_suffix=" (interrupted)")
+        if context.in_sweep and not isinstance(err, RunInterruptedError):
             log.error("trial failed: %s", outcome.reason)
             return  # the sweep goes on
         if err is caught:
             raise
         raise err from None
-    record(outcome, run_dir)
+    record(outcome, run_dir, context)
 
 
-def run_trial(cfg: DictConfig, train_fn: Callable[[DictConfig], float | None], in_sweep: bool,
-              overrides: list[str] | None = None, params: dict | None = None) -> TrialOutcome:
-    """`train_fn(cfg)` (returning the objective) as a trial in `cfg.output_dir`."""
-    with trial(cfg.output_dir, in_sweep, overrides, params) as outcome:
-        outcome.objective = train_fn(cfg)
+def run_trial(settings, train_fn: Callable, in_sweep: bool = False, overrides: list[str] | None = None,
+              params: dict | None = None) -> TrialOutcome:
+    """`train_fn(settings)` (returning the objective) as a trial in `settings.output_dir`."""
+    context = RunContext(overrides=tuple(overrides or ()), trial=0 if in_sweep else None)
+    with trial(settings.output_dir, context, params) as outcome:
+        outcome.objective = train_fn(settings)
     return outcome
 
 
-def record(outcome: TrialOutcome, run_dir: Path, run_folder: bool = True) -> None:
+def record(outcome: TrialOutcome, run_dir: Path, context: RunContext, run_folder: bool = True) -> None:
     """status.json in the run folder (unless `run_folder` is false: a refused run leaves it untouched) and in
     Hydra's job folder, where a sweep's summary looks for it."""
     folders = {Path(run_dir)} if run_folder else set()
-    if in_multirun() and (job_dir := hydra_job_dir()) is not None:
-        folders.add(job_dir)
+    if context.multirun and context.job_dir is not None:
+        folders.add(context.job_dir)
     for folder in folders:
         atomic_write_json(folder / STATUS_FILE, {**asdict(outcome), "run_dir": str(run_dir)})
 
@@ -204,12 +191,6 @@ class TrialSummary(Callback):
             if swept_keys(list(config.hydra.overrides.task)) == ["seed"]:
                 seed_report(rows, sweep_dir)
             exit_if_failed(failed, len(rows), sweep_dir)
-
-
-def hydra_sweep_dir() -> Path | None:
-    from hydra.core.hydra_config import HydraConfig
-
-    return Path(HydraConfig.get().sweep.dir) if HydraConfig.initialized() else None
 
 
 def summarise_sweep(sweep_dir: Path, title_suffix: str = "") -> tuple[list[dict], int]:

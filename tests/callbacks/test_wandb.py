@@ -18,7 +18,7 @@ from promptemb.training.csv_logger import ResumableCSVLogger
 from promptemb.training.loggers import NO_CREDENTIALS, build_loggers
 from promptemb.training.runner import train
 from tests.conftest import REPO
-from tests.training.test_train import compose_train, tiny_overrides
+from tests.training.test_train import checked, compose_train, tiny_overrides
 from tests.wandb_offline import read_run
 
 
@@ -40,7 +40,7 @@ def test_offline_run_logs_config_metrics_sts_table_and_resume_keeps_run_id(tiny_
     out = tmp_path / "out"
     base = [*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, None), "logger=wandb",
             "logger.mode=offline", "eval_every_n_steps=2", "trainer.log_every_n_steps=1"]
-    first = train(compose_train([*base, "trainer.max_steps=2"]))
+    first = train(checked(compose_train([*base, "trainer.max_steps=2"])))
     assert first.global_step == 2
     (run_dir,) = (out / "wandb").glob("offline-run-*")
     run_id = run_dir.name.rsplit("-", 1)[1]
@@ -75,8 +75,8 @@ def test_offline_run_logs_config_metrics_sts_table_and_resume_keeps_run_id(tiny_
     # the run id travels with the checkpoint; resuming continues the same W&B run
     last = out / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=False)["wandb"]["run_id"] == run_id == wandb_run_id(read_checkpoint(last))
-    second = train(compose_train([*base, "trainer.max_steps=4", f"ckpt_path={last}",
-                                  "callbacks.sts_evaluation.score_best_at_end=false"]))
+    second = train(checked(compose_train([*base, "trainer.max_steps=4", f"ckpt_path={last}",
+                                          "callbacks.sts_evaluation.score_best_at_end=false"])))
     assert second.global_step == 4
     run_dirs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 2 and all(d.name.endswith(f"-{run_id}") for d in run_dirs)

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from promptemb.common.errors import ConfigError, DataError
+from promptemb.common.hydra_bridge import plain
 from promptemb.common.validation import check_value, describe
-from promptemb.evaluation.config_checks import check_evaluate_config
-from promptemb.training.config_checks import check_train_config
+from promptemb.evaluation.settings import EvaluateSettings
 from tests.conftest import REPO
 from tests.helpers import assert_one_line_error
-from tests.training.test_train import WIKI_SAMPLE, compose_train
+from tests.training.test_train import WIKI_SAMPLE, checked, compose_train
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
 
@@ -187,7 +187,7 @@ def test_evaluate_keeps_hydra_files_in_the_run_folder_not_the_cwd(tiny_bert, min
 def test_every_key_class_is_checked_before_loading(override, message, tiny_bert, real_data_root, tmp_path):
     cfg = compose_train([*train_overrides(tiny_bert, tmp_path / "run", override), f"data_root={real_data_root}"])
     with pytest.raises(ConfigError, match=re.escape(message)):
-        check_train_config(cfg)
+        checked(cfg)
     assert not (tmp_path / "run").exists()
 
 
@@ -205,15 +205,15 @@ def test_recipe_settings_that_would_change_nothing_are_refused(overrides, messag
     cfg = compose_train([*overrides, f"backbone.name_or_path={tiny_bert}", f"data_root={real_data_root}",
                          f"output_dir={tmp_path / 'run'}"])
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
-        check_train_config(cfg)
+        checked(cfg)
     assert not (tmp_path / "run").exists()
 
 
 def test_published_and_quickstart_recipes_pass_the_checks(tiny_bert, real_data_root, tmp_path):
     for name in ("promptbert_unsup", "promptbert_sup", "optiprompt", "quickstart_unsup", "quickstart_sup",
                  "quickstart_optiprompt"):
-        check_train_config(compose_train([f"experiment={name}", f"data_root={real_data_root}",
-                                          f"output_dir={tmp_path / name}"]))
+        checked(compose_train([f"experiment={name}", f"data_root={real_data_root}",
+                               f"output_dir={tmp_path / name}"]))
     assert not list(tmp_path.iterdir())  # checking creates nothing
 
 
@@ -221,7 +221,7 @@ def test_missing_nli_column_is_found_without_reading_the_rows(tmp_path, real_dat
     cfg = compose_train(["experiment=quickstart_sup", f"data_root={real_data_root}", f"output_dir={tmp_path / 'o'}",
                          "data.format=nli_csv", f"data.file={no_hard_negatives}"])
     with pytest.raises(DataError, match=r"missing column\(s\) hard_neg"):
-        check_train_config(cfg)
+        checked(cfg)
 
 
 def test_evaluate_checks_in_process(tiny_bert, tmp_path):
@@ -232,7 +232,7 @@ def test_evaluate_checks_in_process(tiny_bert, tmp_path):
             return compose("eval", overrides=[f"backbone.name_or_path={tiny_bert}",
                                                   f"output_dir={tmp_path / 'out'}", *overrides])
 
-    check_evaluate_config(evaluate_cfg())
+    EvaluateSettings.model_validate(plain(evaluate_cfg()))
     for override, message in [("backbone.max_length=0", "backbone.max_length=0 is out of range"),
                               ("max_sentence_tokens=-2", "max_sentence_tokens=-2 is out of range"),
                               ("backbone.device=gpu0", "backbone.device='gpu0' is not a device"),
@@ -240,7 +240,7 @@ def test_evaluate_checks_in_process(tiny_bert, tmp_path):
                               (f"task_registry={tmp_path / 'none.yaml'}", "task_registry="),
                               ("+backbone.foo=1", "backbone.foo is not a parameter of Encoder")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
-            check_evaluate_config(evaluate_cfg(override))
+            EvaluateSettings.model_validate(plain(evaluate_cfg(override)))
     assert not (tmp_path / "out").exists()
 
 

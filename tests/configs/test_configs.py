@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 
 from promptemb.common.cli import check_command_line, check_override_syntax, check_renamed_keys
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import resolved
-from promptemb.evaluation.config_checks import check_evaluate_composition
+from promptemb.common.hydra_bridge import plain as resolved
+from promptemb.evaluation.settings import check_evaluate_composition
 from promptemb.training import run_dirs  # noqa: F401  (registers the promptemb.run_dir resolver train.yaml uses)
-from promptemb.training.config_checks import check_train_composition
+from promptemb.training.settings import check_train_composition
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"

@@ -7,7 +7,7 @@ import pytest
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.datamodules import TextLinesDataModule, TripletDataModule
-from promptemb.training.config_checks import check_training_data
+from promptemb.training.settings import check_training_data
 from tests.training.test_train import WIKI_SAMPLE
 
 

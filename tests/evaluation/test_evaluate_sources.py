@@ -10,12 +10,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.hydra_bridge import plain
 from promptemb.evaluation.runner import run
+from promptemb.evaluation.settings import EvaluateSettings
 from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.training.runner import train
 from tests.conftest import REPO
 from tests.evaluation.test_evaluate_cli import evaluate
 from tests.helpers import assert_one_line_error
+from tests.training.test_train import checked
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
 TASK = "STSBenchmark"
@@ -31,12 +34,12 @@ def optiprompt_run(tiny_bert, real_data_root, tmp_path_factory) -> Path:
     """A 4-step OptiPrompt run on the tiny BERT: dev-scored at steps 2 and 4, best checkpoint scored on STS-B test
     (results.json) and exported (train.py's export hook)."""
     out = tmp_path_factory.mktemp("optiprompt") / "run"
-    train(compose_config("train", [
+    train(checked(compose_config("train", [
         "experiment=quickstart_optiprompt", f"backbone.name_or_path={tiny_bert}", f"data_root={real_data_root}",
         f"output_dir={out}", "trainer.precision=32-true", "trainer.max_steps=4", "eval_every_n_steps=2",
         "optimizer.lr=0.05", "data.batch_size=4", "data.num_workers=0",
         f"callbacks.sts_evaluation.final_tasks=[{TASK}]", "data.download=null",
-        f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64", f"export_dir={out / 'export'}"]))
+        f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64", f"export_dir={out / 'export'}"])))
     return out
 
 
@@ -44,7 +47,7 @@ def evaluate_in_process(model: Path, data_root: Path, out: Path, *overrides: str
     cfg = compose_config("eval", [f"backbone.name_or_path={model}", f"data_root={data_root}", f"output_dir={out}",
                                       f"tasks=[{TASK}]", "poolers=[mean]", "progress=false", "backbone.device=cpu",
                                       *overrides])
-    return run(cfg)
+    return run(EvaluateSettings.model_validate(plain(cfg)))
 
 
 @pytest.mark.slow

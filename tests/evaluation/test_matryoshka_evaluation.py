@@ -95,7 +95,7 @@ def test_evaluate_cli_scores_widths_and_refuses_a_wider_one(mini_data, tiny_bert
 
 def test_dims_in_encode_mode_is_refused_as_a_score_mode_key(tmp_path):
     from promptemb.common.cli import check_command_line
-    from promptemb.evaluation.config_checks import check_mode_keys
+    from promptemb.evaluation.command_line import check_mode_keys
 
     with pytest.raises(ConfigError, match=r"^dims= is read in score mode only and this is encode mode \(it would be "
                                           r"ignored\)$"):

@@ -34,6 +34,7 @@ from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsu
 from promptemb.training.runner import train
 from tests.conftest import REPO
 from tests.helpers import MINILM, module_checkpoint
+from tests.training.test_train import checked
 
 TOL = 1e-5
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
@@ -179,7 +180,7 @@ def checkpoints(tiny_bert, real_data_root, tmp_path_factory) -> dict[str, Path]:
             overrides.append(f"export_dir={out / 'export'}")
         if cfg.data._target_.endswith("TextLinesDataModule"):
             overrides += ["data.download=null", f"data.files=[{WIKI_SAMPLE}]", "data.max_examples=64"]
-        train(compose_train(overrides))
+        train(checked(compose_train(overrides)))
         paths[name] = next(p for p in (out / "checkpoints").glob("step*.ckpt"))
     return paths
 

@@ -17,7 +17,7 @@ from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.matryoshka import Matryoshka, check_matryoshka_settings
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
-from promptemb.training.config_checks import check_train_config
+from promptemb.training.command_line import checked as check_train_config
 from tests.lightning_modules.test_grad_cache import SENTENCES, TRIPLETS, assert_same, loss_and_grads, make
 from tests.training.test_train import compose_train
 

@@ -18,14 +18,13 @@ from omegaconf import OmegaConf
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.instantiate import build
+from promptemb.exporting.decoder_adapter import export_adapter, load_merged_export
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.lightning_modules.prompteol import (
     ADAPTER_RECORD,
     PromptEOLSup,
-    export_adapter,
     is_adapter_key,
     load_adapter_checkpoint,
-    load_merged_export,
     weights_sha256,
 )
 from tests.conftest import REPO

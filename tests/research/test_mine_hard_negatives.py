@@ -22,7 +22,7 @@ from promptemb.data.pairs import read_pairs
 from promptemb.encoder.model import Encoder
 from promptemb.poolers import build_pooler
 from promptemb.research.mine_hard_negatives import main
-from promptemb.training.config_checks import check_train_config
+from promptemb.training.command_line import checked as check_train_config
 from promptemb.training.runner import train
 from tests.conftest import REPO
 from tests.evaluation.test_evaluate_cli import evaluate

@@ -23,7 +23,7 @@ from promptemb.training import trainer as trainer_module
 from promptemb.training.command_line import experiment_names
 from promptemb.training.runner import train
 from tests.decoder_helpers import save_tiny_decoder
-from tests.training.test_train import WIKI_SAMPLE, compose_train
+from tests.training.test_train import WIKI_SAMPLE, checked, compose_train
 
 STEPS = 2
 BATCH = 4
@@ -118,7 +118,7 @@ def test_every_experiment_trains_with_the_cuda_profile(name, probe, tiny_bert, t
     backbone = family_backbone(name, tiny_bert, tiny_roberta, tiny_llama)
     cfg = compose_train(gpu_command(name, backbone, real_data_root, tmp_path / "out", triplets_csv))
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
-    trainer = train(cfg)
+    trainer = train(checked(cfg))
     assert trainer.state.finished and trainer.global_step == STEPS
     seen = probe.seen
     # the objects a CUDA run builds

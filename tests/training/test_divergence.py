@@ -15,7 +15,7 @@ from promptemb.common.errors import DivergenceError
 from promptemb.common.io import atomic_write_json
 from promptemb.training.runner import train
 from tests.training.test_resume import overrides, train_py
-from tests.training.test_train import compose_train, tiny_overrides
+from tests.training.test_train import checked, compose_train, tiny_overrides
 
 POISON = "+callbacks.poison._target_=tests.helpers.PoisonWeights"
 
@@ -60,7 +60,7 @@ def test_non_finite_dev_score_stops_before_the_checkpoint(tiny_bert, real_data_r
     cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, None),
                          "eval_every_n_steps=2", "trainer.max_steps=6"])
     with pytest.raises(DivergenceError, match=r"dev score val/stsb_dev/mask is nan at step 4: the model diverged"):
-        train(cfg)
+        train(checked(cfg))
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
     points = strict_json(out / "curve.json")["points"]
     assert [p["step"] for p in points] == [0, 2, 4] and points[-1]["mask"] is None
@@ -76,7 +76,7 @@ def test_non_finite_weights_are_never_saved(tiny_bert, real_data_root, tmp_path)
                          "callbacks.model_checkpoint.filename='step{step}'"])
     cfg.callbacks.sts_evaluation.every_n_steps = 1000  # no dev score to trip first
     with pytest.raises(DivergenceError, match=r"weights are not finite at step 4 \(.*\); stopped without saving"):
-        train(cfg)
+        train(checked(cfg))
     saved = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 2
 

@@ -13,7 +13,7 @@ import torch
 from promptemb.common.cli import check_command_line
 from promptemb.common.errors import ConfigError
 from promptemb.common.validation import bounds_of, check_value, parameter_hints
-from promptemb.evaluation.config_checks import check_mode_keys
+from promptemb.evaluation.command_line import check_mode_keys
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 from promptemb.lightning_modules.schedules import linear_warmup_decay
 from promptemb.training.command_line import check_experiment_overrides, check_train_only_keys

@@ -28,14 +28,13 @@ from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 from promptemb.poolers.mean import MeanPooler
 from promptemb.training import rng_state
-from promptemb.training.config_checks import check_train_config
 from promptemb.training.trainer import Trainer
 from tests.common.test_validation import run, train_overrides
 from tests.conftest import REPO
 from tests.helpers import assert_one_line_error
 from tests.lightning_modules.test_grad_cache import SENTENCES
 from tests.training.test_ddp import free_port
-from tests.training.test_train import WIKI_SAMPLE, compose_train
+from tests.training.test_train import WIKI_SAMPLE, checked, compose_train
 
 ACCELERATOR = torch.device("cuda", 0)
 
@@ -287,9 +286,9 @@ def test_fp16_with_gradient_caching_is_refused_before_work(tiny_bert, real_data_
                                         "trainer.precision=16-mixed", "model.grad_cache_chunk_size=2"))
     with pytest.raises(ConfigError, match=r"^trainer\.precision=16-mixed cannot train with "
                                           r"model\.grad_cache_chunk_size=2: .*use trainer\.precision=bf16-mixed"):
-        check_train_config(cfg)
-    check_train_config(compose_train(train_overrides(tiny_bert, tmp_path / "run", f"data_root={real_data_root}",
-                                                     "trainer.precision=bf16-mixed", "model.grad_cache_chunk_size=2")))
+        checked(cfg)
+    checked(compose_train(train_overrides(tiny_bert, tmp_path / "run", f"data_root={real_data_root}",
+                                          "trainer.precision=bf16-mixed", "model.grad_cache_chunk_size=2")))
     module = PromptBERTUnsup(str(tiny_bert), grad_cache_chunk_size=2)
     module._trainer = SimpleNamespace(precision="16-mixed")  # a GPU trainer's (on CPU Lightning turns it into bf16)
     with pytest.raises(ConfigError, match=r"cannot train with model\.grad_cache_chunk_size=2"):
@@ -409,8 +408,8 @@ def test_compile_where_it_cannot_work_is_one_line_before_work(tiny_bert, real_da
             ConfigError, match=r"^trainer\.compile=true cannot work on this machine: no C\+\+ compiler for "
                                r"Inductor's CPU kernels \(looked for no-such-c\+\+-compiler\); use "
                                r"trainer\.compile=false$"):
-        check_train_config(cfg)
-    check_train_config(cfg)  # g++ is here
+        checked(cfg)
+    checked(cfg)  # g++ is here
 
 
 @pytest.mark.slow

@@ -13,12 +13,14 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from promptemb.common.errors import ConfigError, DataError
+from promptemb.common.hydra_bridge import plain
 from promptemb.data.datamodules import TextLinesDataModule
 from promptemb.data.training_corpora import read_nli_csv, read_text_lines, sick_triplets
 from promptemb.lightning_modules.base import NonFiniteLossError
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
 from promptemb.training.command_line import check_experiment_overrides, experiment_names
 from promptemb.training.runner import best_dev_score, train
+from promptemb.training.settings import TrainSettings
 from tests.conftest import REPO
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
@@ -27,6 +29,11 @@ WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
 def compose_train(overrides):
     with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
         return compose("train", overrides=overrides)
+
+
+def checked(cfg) -> TrainSettings:
+    """What train.py's task does with a composed config before it trains: the one check, into `TrainSettings`."""
+    return TrainSettings.model_validate(plain(cfg))
 
 
 @pytest.fixture()
@@ -69,7 +76,7 @@ def test_every_experiment_runs_fast_dev_run(name, tiny_bert, real_data_root, tmp
     out = tmp_path / "out"
     cfg = compose_train([*tiny_overrides(name, tiny_bert, real_data_root, out, nli_csv), "debug=fdr"])
     assert cfg.trainer.fast_dev_run is True and cfg.trainer.detect_anomaly is True
-    trainer = train(cfg)
+    trainer = train(checked(cfg))
     assert trainer.state.finished and trainer.global_step == 1
     results = json.loads((out / "results.json").read_text())
     assert set(results["scores"]) == {"mask", "avg"}
@@ -101,11 +108,11 @@ def test_resume_continues_from_the_saved_step(tiny_bert, real_data_root, tmp_pat
     out = tmp_path / "out"
     base = [*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, nli_csv), "eval_every_n_steps=2",
             "callbacks.sts_evaluation.score_best_at_end=false", "trainer.log_every_n_steps=1"]
-    first = train(compose_train([*base, "trainer.max_steps=4"]))
+    first = train(checked(compose_train([*base, "trainer.max_steps=4"])))
     assert first.global_step == 4
     last = out / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=False)["global_step"] == 4
-    second = train(compose_train([*base, "trainer.max_steps=6", f"ckpt_path={last}"]))
+    second = train(checked(compose_train([*base, "trainer.max_steps=6", f"ckpt_path={last}"])))
     assert second.global_step == 6
     history = next(c for c in second.callbacks if type(c).__name__ == "STSEvaluationCallback").history
     assert [point["step"] for point in history] == [0, 2, 4, 6]  # the saved curve goes on; step 0 not re-scored
@@ -129,7 +136,7 @@ def test_resume_from_missing_or_corrupt_checkpoint_is_one_line_error(content, me
     cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "o", nli_csv),
                          f"ckpt_path={ckpt}"])
     with pytest.raises((ConfigError, DataError), match=message):
-        train(cfg)
+        train(checked(cfg))
     assert not (tmp_path / "o").exists()
 
 
@@ -149,7 +156,7 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tiny_ber
     cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, nli_csv),
                          "eval_every_n_steps=2", "trainer.max_steps=5"])
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 2; stopped before the optimiser step"):
-        train(cfg)
+        train(checked(cfg))
     saved = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 2
     assert all(torch.isfinite(t).all() for t in saved["state_dict"].values() if t.is_floating_point())
@@ -170,7 +177,7 @@ def test_the_other_debug_configs_train(debug, steps, tiny_bert, real_data_root, 
     cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "o", nli_csv),
                          f"debug={debug}", "callbacks.sts_evaluation.score_best_at_end=false",
                          "eval_every_n_steps=1000", *sizes[debug]])
-    assert train(cfg).global_step == steps
+    assert train(checked(cfg)).global_step == steps
 
 
 @pytest.mark.parametrize("recipe", ["quickstart_unsup", pytest.param("quickstart_sup", marks=pytest.mark.slow),
@@ -209,7 +216,7 @@ def test_objective_falls_back_to_the_logged_dev_scores(tiny_bert, real_data_root
     cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "o", nli_csv),
                          "trainer.max_steps=1", "eval_every_n_steps=2",
                          "callbacks.sts_evaluation.score_best_at_end=false"])
-    trainer = train(cfg)
+    trainer = train(checked(cfg))
     assert trainer.checkpoint_callback.best_model_score is None
     history = next(c for c in trainer.callbacks if type(c).__name__ == "STSEvaluationCallback").history
     assert [point["step"] for point in history] == [0]
@@ -321,7 +328,7 @@ def test_callback_scores_configured_poolers_and_post_processors(tiny_bert, real_
                          "+callbacks.sts_evaluation.pooler_args.ditto.head=1",
                          "callbacks.sts_evaluation.post=[zscore]", "callbacks.sts_evaluation.dev_poolers=[mean]",
                          "callbacks.sts_evaluation.analysis=true"])
-    trainer = train(cfg)
+    trainer = train(checked(cfg))
     results = json.loads((out / "results.json").read_text())
     raw = ["mask", "avg", "mean", "ditto", "idf(T)"]
     assert list(results["scores"]) == [name for r in raw for name in (r, f"{r}+zscore(T)")]
@@ -341,7 +348,7 @@ def test_callback_rejects_unknown_pooler_before_training(tiny_bert, real_data_ro
     cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, tmp_path / "o", nli_csv),
                          "callbacks.sts_evaluation.poolers=[mean,maxx]"])
     with pytest.raises(ConfigError, match="maxx"):
-        train(cfg)
+        train(checked(cfg))
     assert not (tmp_path / "o" / "checkpoints").exists()
 
 
@@ -365,7 +372,7 @@ def test_callback_checks_fit_end_poolers_and_corpora_before_training(overrides, 
     out = tmp_path / "o"
     cfg = compose_train([*tiny_overrides("quickstart_unsup", tiny_bert, real_data_root, out, nli_csv), *overrides])
     with pytest.raises(error, match=message):
-        train(cfg)
+        train(checked(cfg))
     assert not (out / "curve.json").exists()
     assert not list(out.rglob("*.ckpt"))
 

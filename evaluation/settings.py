@@ -1,0 +1,143 @@
+"""evaluate.py's settings (configs/eval.yaml; promptemb-encode: encode.yaml), checked once when they are built from
+the composed config, before the scoring stack is imported: a wrong value costs a second, not ten.
+
+    settings = EvaluateSettings.model_validate(values, context=run_context)    # the RunContext: its overrides
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
+
+from promptemb.common.bounds import AtLeastOne, Seed
+from promptemb.common.cli import split_override
+from promptemb.common.errors import ConfigError
+from promptemb.common.validation import check_device, check_readable_file, check_settings, check_writable_dir
+from promptemb.encoder.loading import check_model_source
+from promptemb.encoder.settings import TemplateSettings, check_backbone, check_template
+from promptemb.evaluation.scoring_options import check_dims
+from promptemb.inference.model_sources import source_kind
+
+MODES = ("score", "encode")
+
+
+@dataclass
+class ScoringSettings:
+    """The `scoring` config group (configs/scoring/): evaluate.py's top-level keys, the training callback's keys."""
+
+    poolers: Sequence[str] = ()
+    pooler_args: dict | None = field(default_factory=dict)  # null: none
+    post: Sequence[str] = ()
+    post_args: dict | None = field(default_factory=dict)
+    fit_corpus: str = "T"  # each task's own sentences (data/fit_corpora.py)
+    analysis: bool = False
+    task_registry: str | None = None
+    transfer_args: dict | None = field(default_factory=dict)
+    clustering_args: dict | None = field(default_factory=dict)
+    dims: Sequence[AtLeastOne] = ()  # Matryoshka widths: each pooler also scored on its first d components
+
+    def __post_init__(self) -> None:
+        check_dims(self.dims, width=0)  # integers >= 1, none twice; the model's width is checked once it loads
+
+
+class EvaluateSettings(BaseModel):
+    """evaluate.py's keys; `backbone` holds `Encoder`'s keyword arguments, checked against its constructor."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: str
+    data_root: str | None
+    task_name: str
+    output_dir: str
+    paths: dict
+    backbone: dict
+    template: TemplateSettings
+    tasks: list[str]
+    task_registry: str | None
+    poolers: list[str]
+    pooler_args: dict
+    post: list[str]
+    post_args: dict
+    fit_corpus: str
+    analysis: bool
+    transfer_args: dict = {}
+    clustering_args: dict = {}
+    dims: list[AtLeastOne] = []
+    max_sentence_tokens: AtLeastOne | None
+    seed: Seed
+    allow_unverified_weights: bool
+    progress: bool
+    pooler: str
+    input: str | None
+    output: str | None
+    resolved: dict  # every value, recorded with the results
+
+    @property
+    def scoring(self) -> ScoringSettings:
+        return ScoringSettings(**{name: getattr(self, name) for name in asdict(ScoringSettings())})
+
+    @model_validator(mode="before")
+    @classmethod
+    def check(cls, values: dict, info: ValidationInfo) -> dict:
+        """Everything about the config that can be refuted before a model or a data file is loaded (one
+        `ConfigError` line each): the types, ranges and choices of the keys, the backbone against `Encoder`, a single
+        template, the device, the files read and written, the model's files, and the options a trained model would
+        ignore (`info.context`: the command's `RunContext`, whose overrides say which keys were given)."""
+        check_evaluate_composition(values)
+        backbone = values.get("backbone") or {}
+        check_device("backbone.device", str(backbone.get("device", "auto")))
+        if values.get("task_registry"):
+            check_readable_file("task_registry", values["task_registry"])
+        if values.get("mode") == "encode":
+            check_encode_files(values.get("input"), values.get("output"))
+        else:
+            check_writable_dir("output_dir", values["output_dir"])
+        if isinstance(name := backbone.get("name_or_path"), str):
+            check_model_source(name)
+            if backbone.get("revision") and (name.startswith("package:") or Path(name).expanduser().exists()):
+                raise ConfigError(f"backbone.revision={backbone['revision']} selects a version of a Hugging Face Hub "
+                                  f"model, but {name} is local: drop backbone.revision")
+            check_source_options(name, values.get("allow_unverified_weights"), getattr(info.context, "overrides", ()))
+        if values.get("mode") not in MODES:
+            raise ConfigError(f"unknown mode {values.get('mode')!r}; valid: {', '.join(MODES)}")
+        if values["mode"] == "encode" and not (values.get("input") and values.get("output")):
+            raise ConfigError("mode=encode needs input=FILE.txt and output=FILE.npy")
+        return {**values, "resolved": values}
+
+
+def check_evaluate_composition(values: dict) -> None:
+    """What a resolved evaluate.py config must satisfy whatever the machine: the types and ranges of its keys, the
+    backbone, a single template."""
+    check_template(values, None)
+    check_settings(values, EvaluateSettings)
+    check_backbone(values)
+
+
+#: `backbone` keys a trained model takes from its own record: it is scored as it was trained or exported.
+KEPT_BY_TRAINED_MODELS = ("max_length", "dtype", "revision", "padding_side", "device_map", "quantization")
+
+
+def check_source_options(name_or_path: str, allow_unverified_weights: bool, overrides: tuple[str, ...]) -> None:
+    """A `backbone.*` override on the command line that a trained model would ignore, or the export-only
+    `allow_unverified_weights` on another kind of model: one line each."""
+    kind = source_kind(name_or_path)
+    for _, key, _ in map(split_override, overrides) if kind != "pretrained" else ():
+        group, _, leaf = key.partition(".")
+        if group == "backbone" and leaf in KEPT_BY_TRAINED_MODELS:
+            raise ConfigError(f"{key}= does not apply to a trained model ({kind}): it is scored with the {leaf} it "
+                              f"was trained or exported with; drop {key}=")
+    if allow_unverified_weights and kind != "export":
+        raise ConfigError(f"allow_unverified_weights=true applies to an export folder (weight files checked against "
+                          f"their recorded sha256); {name_or_path} is a {kind} model: drop it")
+
+
+def check_encode_files(input: str | None, output: str | None) -> None:
+    if input:
+        check_readable_file("input", input)
+    if output:
+        if (path := Path(output)).is_dir():
+            raise ConfigError(f"output={str(path)!r} is a directory; pass a file name such as emb.npy")
+        check_writable_dir("output", path.parent)

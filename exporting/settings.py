@@ -1,0 +1,63 @@
+"""export.py's settings (configs/export.yaml), checked once when they are built from the composed config: one of
+`ckpt=` / `pretrained=`, and only the options that apply to it (one line, before any work)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from promptemb.common.errors import ConfigError
+from promptemb.common.validation import check_settings
+from promptemb.encoder.settings import TemplateSettings, check_template
+
+#: keys that describe how a plain `pretrained=` model is templated and pooled; a checkpoint carries its own
+PLAIN_MODEL_KEYS = ("layer", "max_length", "max_sentence_tokens", "padding_side")
+
+
+class ExportSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    ckpt: str | None
+    pretrained: str | None
+    out: str | None
+    pooler: str | None
+    denoise: bool | None
+    adapter: str | None
+    layer: int | None
+    max_length: int | None
+    max_sentence_tokens: int | None
+    padding_side: str | None
+    overwrite: bool
+    score: bool
+    score_tasks: list[str]
+    data_root: str | None
+    base_model: str | None
+    template: TemplateSettings
+
+    @model_validator(mode="before")
+    @classmethod
+    def check(cls, values: dict) -> dict:
+        check_settings(values, cls)
+        if values.get("ckpt") and values.get("pretrained"):
+            raise ConfigError("pass ckpt=PATH (a trained checkpoint) or pretrained=NAME_OR_PATH (a plain model), not "
+                              "both")
+        template = values.get("template") or {}
+        if template.get("second_text") is not None:
+            raise ConfigError("template.second_text= is a second training view; an export has one template: use a "
+                              "single template (template=NAME without _pair, or template.second_text=null)")
+        check_template(values, None)
+        if values.get("denoise") and values.get("pooler") == "avg":
+            raise ConfigError("denoise=true subtracts the template bias from the [MASK] state; pooler=avg does not "
+                              "pool it: drop denoise=")
+        if values.get("pretrained"):
+            given = [key for key in ("adapter", "denoise", "base_model") if values.get(key) is not None]
+            if given:
+                raise ConfigError(f"{given[0]}= applies to ckpt= exports, not to a plain pretrained= model; drop it")
+        else:
+            given = [f"template.{key}" for key in ("text",) if template.get(key) is not None]
+            given += [key for key in PLAIN_MODEL_KEYS if values.get(key) is not None]
+            if template.get("sentence_rule") not in (None, "none"):
+                given.append("template.sentence_rule")
+            if given:
+                raise ConfigError(f"{given[0]}= applies to a plain pretrained= export; a checkpoint exports the "
+                                  "template, layer and lengths it was trained and scored with: drop it")
+        return values

@@ -1,0 +1,107 @@
+"""train.py's settings (configs/train.yaml), checked once when they are built from the composed config, before any
+model or corpus is loaded: its own keys typed below; each group with a `_target_` (`model`, `optimizer`,
+`scheduler`, `data`, `trainer`, `callbacks`, `logger`) is the node the builder instantiates (common/instantiate.py),
+checked against its constructor's type hints; then the machine, the model files and the training data files.
+
+    settings = TrainSettings.model_validate(values)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from promptemb.common.bounds import AtLeastOne, Seed
+from promptemb.common.device_profile import check_clipping
+from promptemb.common.validation import (
+    check_accelerator,
+    check_settings,
+    check_targets,
+    check_writable_dir,
+    target_of,
+)
+from promptemb.data.root import resolve_data_root
+from promptemb.encoder.loading import check_model_source
+from promptemb.encoder.settings import TemplateSettings, check_backbone, check_template
+from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
+from promptemb.training.trainer import check_compile
+
+
+class TrainSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    task_name: str
+    data_root: str | None
+    output_dir: str
+    seed: Seed
+    eval_every_n_steps: AtLeastOne
+    ckpt_path: str | None
+    resume: bool
+    overwrite: bool = False
+    export_dir: str | None
+    paths: dict
+    backbone: dict  # training reads `name_or_path` alone (through `model.model_name_or_path`)
+    template: TemplateSettings
+    extras: dict | None = None
+    hparams_search: dict | None = None  # an Optuna search (training/optuna_search.py)
+    expected_scores: dict | None = None  # read by `make reproduce` from the experiment's file
+    model: dict
+    optimizer: dict
+    scheduler: dict
+    data: dict
+    trainer: dict
+    callbacks: dict
+    logger: dict | None = None
+    resolved: dict  # every value, recorded with the results and logged as the W&B run config
+
+    @model_validator(mode="before")
+    @classmethod
+    def check(cls, values: dict) -> dict:
+        """Everything about the config that can be refuted before a model or a corpus is loaded (one `ConfigError`
+        line each)."""
+        check_train_composition(values)
+        trainer, model = values.get("trainer") or {}, values.get("model") or {}
+        check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
+        check_compile(bool(trainer.get("compile")), trainer.get("accelerator"))
+        check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
+        check_clipping(trainer.get("precision"), trainer.get("gradient_clip_val"), values.get("optimizer") or {})
+        if hasattr(recipe := target_of(model), "check_config"):
+            recipe.check_config(model)
+        if isinstance(model.get("model_name_or_path"), str):
+            check_model_source(model["model_name_or_path"])
+        check_training_data(values.get("data") or {}, resolve_data_root(values.get("data_root")))
+        check_writable_dir("output_dir", values["output_dir"])
+        if values.get("export_dir"):
+            check_writable_dir("export_dir", Path(values["export_dir"]).parent)
+        return {**values, "resolved": values}
+
+
+def check_train_composition(values: dict) -> None:
+    """What a resolved train.py config must satisfy whatever the machine: types and ranges of every key, and a
+    template the recipe can train with."""
+    check_template(values, (values.get("model") or {}).get("_target_"))
+    check_settings(values, TrainSettings)
+    check_targets(values)
+    check_backbone(values)
+
+
+def check_training_data(data: dict, root: Path) -> None:
+    """The datamodule's own check of its corpus files, without building it (`check_files`)."""
+    if hasattr(target := target_of(data), "check_files"):
+        target.check_files({"data_root": str(root), **data})
+
+
+#: Settings train.py's command line checked before Hydra composes the same config again (a resume, or a run into an
+#: existing folder: the preflight comes before Hydra writes there); the first task composed with the same values takes
+#: them instead of checking again.
+CHECKED_BEFORE_HYDRA: list[TrainSettings] = []
+
+
+def train_settings(values: dict) -> TrainSettings:
+    """The one check of a composed config: `TrainSettings`, or those the command line built from the same values."""
+    for settings in CHECKED_BEFORE_HYDRA:
+        if settings.resolved == values:
+            CHECKED_BEFORE_HYDRA.remove(settings)
+            return settings
+    return TrainSettings.model_validate(values)
