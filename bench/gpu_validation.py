@@ -1,6 +1,6 @@
 """GPU validation: one command, no network, one JSON + markdown report (put it into docs/benchmarks.md).
 
-    python bench/gpu_validation.py [--out DIR] [--parts recipes,pytest,throughput,quickstart,suite]
+    python bench/gpu_validation.py [--out DIR] [--parts recipes,pytest,throughput,quickstart,suite,encode]
         [--suite-tasks sts,...] [--rehearse]
 
 Parts (each run as subprocesses with their own time limit, so one failing part does not stop the others):
@@ -17,13 +17,17 @@ Parts (each run as subprocesses with their own time limit, so one failing part d
   step phases, peak memory, MFU against the device's dense bf16 peak, and the projected time of one epoch of 1M
   sentences;
 * `quickstart`: `train.py experiment=quickstart_unsup trainer=gpu`: its dev curve next to the CPU's pinned values;
-* `suite`: the evaluation suite (7 STS + 9 transfer + 8 clustering by default; MiniLM, `mean`) wall time.
+* `suite`: the evaluation suite (7 STS + 9 transfer + 8 clustering by default; MiniLM, `mean`) in one evaluate.py
+  process, bench/evaluation_suite.py: wall time, its split, sentences/s and every score (to compare with the CPU's
+  pinned tables);
+* `encode`: bench/encode_throughput.py, the project's encoding against `SentenceTransformer.encode` on this device,
+  both with their defaults, and the agreement of their embeddings.
 
 `recipes`, `pytest`, `throughput` and `quickstart` need CUDA: on a machine without it they are refused in one line
-(the command exits 2 when nothing else was asked for); `suite` runs anywhere. `--rehearse` runs the CUDA parts on the
-CPU instead, through the same code path: the CUDA device profile rehearsed (`PROMPTEMB_REHEARSE_CUDA=1`, see
-common/device_profile.py), tiny models of each family, 2 steps (`pytest -m gpu` cannot be rehearsed). The report is
-written whatever happens; the command exits 1 when a run that ran did not exit 0.
+(the command exits 2 when nothing else was asked for); `suite` and `encode` run anywhere. `--rehearse` runs the CUDA
+parts on the CPU instead, through the same code path: the CUDA device profile rehearsed
+(`PROMPTEMB_REHEARSE_CUDA=1`, see common/device_profile.py), tiny models of each family, 2 steps (`pytest -m gpu`
+cannot be rehearsed). The report is written whatever happens; the command exits 1 when a run that ran did not exit 0.
 """
 
 from __future__ import annotations
@@ -46,11 +50,11 @@ from bench.random_models import MINILM, WIKI_SAMPLE, save_family  # noqa: E402
 from promptemb.common.device_profile import REHEARSE_CUDA  # noqa: E402
 
 CUDA_PARTS = ("recipes", "pytest", "throughput", "quickstart")
-PARTS = (*CUDA_PARTS, "suite")
+PARTS = (*CUDA_PARTS, "suite", "encode")
 #: Parts that cannot run on the CPU, even rehearsed.
 CUDA_ONLY_PARTS = ("pytest",)
 #: Seconds each part may take (the defaults keep recipes + pytest + throughput within 9 minutes on one GPU).
-PART_LIMITS = {"recipes": 360, "pytest": 90, "throughput": 150, "quickstart": 300, "suite": 600}
+PART_LIMITS = {"recipes": 360, "pytest": 90, "throughput": 150, "quickstart": 300, "suite": 600, "encode": 240}
 #: The paper experiments and their architecture family; the supervised ones train on SICK triplets here.
 RECIPES = {"promptbert_unsup": "bert", "promptbert_unsup_roberta": "roberta", "promptbert_sup": "bert",
            "promptbert_sup_roberta": "roberta", "optiprompt": "bert", "optiprompt_roberta": "roberta",
@@ -179,8 +183,21 @@ def quickstart(work: Path, data_root: str | None, limit: float, rehearse: bool) 
 
 
 def suite(work: Path, data_root: str | None, tasks: str, limit: float) -> dict:
-    return run([sys.executable, "evaluate.py", f"backbone.name_or_path={MINILM}", "poolers=[mean]", f"tasks=[{tasks}]",
-                f"output_dir={work / 'suite'}", *([f"data_root={data_root}"] if data_root else [])], limit)
+    """The evaluation suite in one evaluate.py process (bench/evaluation_suite.py): wall time, its split (start-up,
+    encoding, classifiers, k-means, STS scoring), sentences/s and every score, for the CPU's pinned tables."""
+    figures = work / "suite.json"
+    record = run([sys.executable, str(REPO / "bench" / "evaluation_suite.py"), "--model", str(MINILM), "--tasks", tasks,
+                  "--output", str(figures), *([f"data_root={data_root}"] if data_root else [])], limit)
+    if figures.is_file():
+        record["result"] = json.loads(figures.read_text())
+    return record
+
+
+def encode(data_root: str | None, limit: float) -> dict:
+    """Encoding throughput against `SentenceTransformer.encode`, both with their defaults, on this device
+    (bench/encode_throughput.py: the goal line and the embeddings' agreement are in the tail)."""
+    return run([sys.executable, str(REPO / "bench" / "encode_throughput.py"), "--model", str(MINILM), "--sentences",
+                "20000", "--repeats", "2", "--no-compile", *(["--data-root", data_root] if data_root else [])], limit)
 
 
 def pytest_gpu(limit: float) -> dict:
@@ -278,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                 report["parts"][part] = throughput(work, args.data_root, steps, limit, args.rehearse)
             elif part == "quickstart":
                 report["parts"][part] = quickstart(work, args.data_root, limit, args.rehearse)
-            else:
+            elif part == "suite":
                 report["parts"][part] = suite(work, args.data_root, args.suite_tasks, limit)
+            else:
+                report["parts"][part] = encode(args.data_root, limit)
     (args.out / "gpu_validation.json").write_text(json.dumps(report, indent=1))
     (args.out / "gpu_validation.md").write_text(markdown(report))
     print(f"wrote {args.out / 'gpu_validation.json'} and {args.out / 'gpu_validation.md'}")

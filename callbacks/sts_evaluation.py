@@ -279,7 +279,7 @@ class STSEvaluationCallback(pl.Callback):
         provenance.update(wall_time_s=round(time.perf_counter() - started, 2), **self.provenance)
         if (matryoshka := getattr(module, "matryoshka", None)) is not None:
             provenance["matryoshka"] = matryoshka.describe()  # the widths and weights it was trained with
-        if (mined := getattr(trainer.datamodule, "mined", None)) is not None:
+        if (mined := getattr(getattr(trainer, "datamodule", None), "mined", None)) is not None:
             provenance["training_data_mined"] = mined_summary(mined)  # what mined its hard negatives
         self.session.report(self.output_dir, self.session.record(result, provenance))
         log.info("final scores written to %s", self.output_dir / "results.md")

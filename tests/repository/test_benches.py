@@ -129,6 +129,8 @@ def test_gpu_validation_without_cuda_runs_the_suite(real_data_root, tmp_path):
     assert "wrote" in out
     report = json.loads((tmp_path / "gpu_validation.json").read_text())
     assert report["parts"]["suite"]["exit_code"] == 0
+    figures = report["parts"]["suite"]["result"]
+    assert figures["split"]["device"] == "cpu" and "STSBenchmark" in figures["scores"]["sts"]["mean"]
 
 
 def test_gpu_validation_rehearses_a_recipe_on_the_cpu(real_data_root, tmp_path, monkeypatch):

@@ -74,12 +74,12 @@ def test_mined_file_trains_exports_and_is_evaluated_at_its_widths(tiny_bert, pai
 
     # trained on by the supervised recipe with Matryoshka widths, exported at the end
     out = tmp_path / "run"
-    train(compose_train([
+    train(check_train_config(compose_train([
         "experiment=quickstart_sup", f"backbone.name_or_path={tiny_bert}", f"data_root={real_data_root}",
         f"output_dir={out}", f"data.file={mined}", "data.format=nli_csv", "data.held_out_tasks=[]",
         "data.batch_size=4", "data.num_workers=0", "trainer.precision=32-true", "trainer.max_steps=2",
         "eval_every_n_steps=2", "model.matryoshka_dims=[32,8]", "model.matryoshka_weights=[1.0,0.5]",
-        "callbacks.sts_evaluation.final_tasks=[STSBenchmark]", f"export_dir={out / 'export'}"]))
+        "callbacks.sts_evaluation.final_tasks=[STSBenchmark]", f"export_dir={out / 'export'}"])))
     results = json.loads((out / "results.json").read_text())
     assert list(results["scores"]) == ["mask", "mask@8", "avg", "avg@8"]  # the trained widths, same forward
     prov = results["provenance"]
