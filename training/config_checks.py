@@ -59,6 +59,8 @@ def _check_train(cfg: DictConfig) -> None:
     check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
     if hasattr(recipe := target_of(model), "check_config"):
         recipe.check_config(model)
+    if trainer.get("compile") and hasattr(recipe, "check_compile"):
+        recipe.check_compile(model)
     if isinstance(model.get("model_name_or_path"), str):
         check_model_source(model["model_name_or_path"])
     root = resolve_data_root(container.get("data_root"))

@@ -35,10 +35,11 @@ def check_compile(compile: bool, accelerator: str | None) -> None:
 
 
 class CompileBackbone(pl.Callback):
-    """torch.compile of the module's transformer, in place, before the first step."""
+    """torch.compile of what the module's training step runs, before the first step (the recipe's
+    `compile_training_forward`: a bounded number of graphs; evaluation stays eager)."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        pl_module.transformer.compile()
+        pl_module.compile_training_forward()
 
 
 class Trainer(pl.Trainer):
