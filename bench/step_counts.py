@@ -2,11 +2,13 @@
 composition, the real Lightning Trainer), and with `trainer.compile=true` the graphs and kernels compilation made.
 
     python bench/step_counts.py experiment=promptbert_unsup data.batch_size=256 [train.py overrides ...]
-        [--random-bert LAYERS:HIDDEN] [--steps 4] [--skip 2] [--out counts.json]
+        [--random-bert LAYERS:HIDDEN] [--distinct-lengths K] [--steps 4] [--skip 2] [--out counts.json]
 
 `--random-bert 12:64` trains a randomly initialised BERT with bert-base's layout (12 layers, 12 heads; the
 operator count of a step depends on the layers and the parameter tensors, not on their width) at a width the CPU can
-run at batch 256; the data is the local Wikipedia sample (`data=local_text`).
+run at batch 256; the data is the local Wikipedia sample (`data=local_text`). `--distinct-lengths K` trains instead
+on a generated corpus whose sentences have K distinct token counts between 1 and 32 (every batch of 64 or more holds
+them all), to see whether the count of a step grows with the lengths a batch holds.
 
 Counted over `--steps` whole optimiser steps after `--skip` (everything between two `on_train_batch_start` hooks:
 the DataLoader's next batch, its transfer, `training_step`, backward, clipping, optimiser and schedule, callbacks,
@@ -246,12 +248,12 @@ class CountSteps(pl.Callback):
 
 def profiled_counts(profiler, steps: int) -> dict:
     """Per step, from a `torch.profiler` trace: ATen operators that launch work (those calling no other ATen
-    operator) and Inductor's generated kernels (events named `cpp_fused_*` / `triton_*`: needs
+    operator) and Inductor's generated kernels (events named `graph_N_cpp_fused_*` / `triton_*`: needs
     `torch._inductor.config.cpp.enable_kernel_profile`), and the host synchronisations among them."""
     events = profiler.events()
     parents = {id(e.cpu_parent) for e in events if e.cpu_parent is not None and e.name.startswith("aten::")}
     leaf_ops = collections.Counter(e.name for e in events if e.name.startswith("aten::") and id(e) not in parents)
-    kernels = collections.Counter(e.name for e in events if e.name.startswith(("cpp_fused", "triton_")))
+    kernels = collections.Counter(e.name for e in events if "cpp_fused" in e.name or e.name.startswith("triton_"))
     syncs = sum(count for name, count in leaf_ops.items() if name.removeprefix("aten::") in SYNC_OPS)
     steps = max(steps, 1)
     return {"aten_leaf_ops_per_step": sum(leaf_ops.values()) / steps,
@@ -290,35 +292,36 @@ def save_random_bert(directory: Path, layers: int, hidden: int) -> Path:
     return directory
 
 
+#: Words that are one WordPiece token each in the uncased BERT vocabulary.
+WORDS = ("the", "a", "man", "woman", "dog", "cat", "plays", "runs", "sees", "red", "small", "big", "park", "house",
+         "car", "eats", "with", "and", "under", "near")
+
+
+def write_corpus(path: Path, distinct: int, lines: int = 4096) -> Path:
+    """`lines` sentences of `distinct` token counts spread over 1 .. 32, cycling (so any 64 consecutive lines, and
+    nearly every shuffled batch of 64, hold all of them)."""
+    counts = [1 + round(i * 31 / max(distinct - 1, 1)) for i in range(distinct)]
+    rng = torch.Generator().manual_seed(0)
+    with path.open("w") as out:
+        for line in range(lines):
+            picks = torch.randint(len(WORDS), (counts[line % distinct],), generator=rng).tolist()
+            out.write(" ".join(WORDS[i] for i in picks) + "\n")
+    return path
+
+
 def count(overrides: list[str], steps: int, skip: int, work: Path) -> dict:
     """Train `skip + steps` steps with train.py's `train(cfg)` and count the last `steps`."""
-    from hydra.core.global_hydra import GlobalHydra
+    from bench.loop import train_with
 
-    from promptemb.training import runner
-    from promptemb.training.command_line import compose_train
-
+    if skip < 1:
+        raise UserError("--skip must be at least 1: the first step creates the optimiser's state")
     compiled = any(o.replace(" ", "") in ("trainer.compile=true", "trainer.compile=True") for o in overrides)
-    cfg = compose_train([*overrides, f"output_dir={work / 'run'}", f"trainer.max_steps={skip + steps}",
-                         "callbacks.sts_evaluation.evaluate_before_training=false",
-                         "callbacks.sts_evaluation.score_best_at_end=false", f"eval_every_n_steps={10 ** 6}"])
-    GlobalHydra.instance().clear()
     counter = CountSteps(steps, skip, profile=compiled)
-    build = runner.build
-
-    def build_with_counter(node, **kwargs):  # the trainer gets the counting callback; nothing else changes
-        if "callbacks" in kwargs:
-            kwargs["callbacks"] = [*kwargs["callbacks"], counter]
-        return build(node, **kwargs)
-
-    runner.build = build_with_counter
     if compiled:
         from torch._inductor import config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True
-    try:
-        trainer = runner.train(cfg)
-    finally:
-        runner.build = build
+    trainer = train_with(overrides, counter, work, skip + steps)
     result = {"mode": "compiled" if compiled else "eager", "global_steps": trainer.global_step}
     if compiled:
         result.update(profiled=counter.profiled, compile=compile_counters())
@@ -333,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip", type=int, default=2, help="steps run before counting (compilation, warm-up)")
     parser.add_argument("--random-bert", default=None, metavar="LAYERS:HIDDEN",
                         help="train a random BERT of this shape (12 heads) instead of backbone.name_or_path")
+    parser.add_argument("--distinct-lengths", type=int, default=None, metavar="K",
+                        help="train on a generated corpus of sentences of K distinct token counts (1 .. 32)")
     parser.add_argument("--out", type=Path, default=None)
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--")]
@@ -343,6 +348,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.random_bert:
             layers, hidden = map(int, args.random_bert.split(":"))
             overrides = [f"backbone.name_or_path={save_random_bert(work / 'bert', layers, hidden)}", *overrides]
+        if args.distinct_lengths:
+            corpus = write_corpus(work / "corpus.txt", args.distinct_lengths)
+            overrides = [*overrides, f"data.files=[{corpus}]", f"data.cache_dir={work / 'cache'}"]
         try:
             result = count(overrides, args.steps, args.skip, work)
         except UserError as err:
