@@ -217,6 +217,7 @@ class CountSteps(pl.Callback):
 
     def _start(self) -> None:
         if self.profile:
+            self.graphs_before = compile_counters()["graphs"]
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             self.profiler.__enter__()
         else:
@@ -227,6 +228,8 @@ class CountSteps(pl.Callback):
         if self.profile:
             self.profiler.__exit__(None, None, None)
             self.profiled = profiled_counts(self.profiler, steps)
+            # a graph compiled inside the window puts the compiler's own operators in the counts: raise --skip
+            self.profiled["graphs_compiled_inside"] = compile_counters()["graphs"] - self.graphs_before
             self.profiler = None
         else:
             self.counts.close()
@@ -241,7 +244,7 @@ class CountSteps(pl.Callback):
         elif step == self.skip + self.steps and (self.profiler is not None or self.counts._modes is not None):
             self._stop(self.steps)
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_train_end(self, trainer, pl_module) -> None:  # training ended inside the window (an epoch too short)
         if self.profiler is not None or self.counts._modes is not None:
             self._stop(trainer.global_step - self.skip)
 
@@ -321,7 +324,8 @@ def count(overrides: list[str], steps: int, skip: int, work: Path) -> dict:
         from torch._inductor import config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True
-    trainer = train_with(overrides, counter, work, skip + steps)
+    # one step more than counted: the window ends where step `skip + steps` starts, before the end of training
+    trainer = train_with(overrides, counter, work, skip + steps + 1)
     result = {"mode": "compiled" if compiled else "eager", "global_steps": trainer.global_step}
     if compiled:
         result.update(profiled=counter.profiled, compile=compile_counters())
@@ -374,7 +378,9 @@ def format_result(result: dict) -> str:
         lines = [f"compiled: {p['launches_per_step']:.0f} launches/step ({p['aten_leaf_ops_per_step']:.0f} ATen ops + "
                  f"{p['inductor_kernels_per_step']:.0f} Inductor kernels), {p['syncs_per_step']:g} sync ops/step; "
                  f"{c['graphs']} graphs, {c['graph_breaks']} graph breaks, {c['recompiles']} recompilations, "
-                 f"{c['generated_kernels']} kernels generated",
+                 f"{c['generated_kernels']} kernels generated"
+                 + (f"; {p['graphs_compiled_inside']} graph(s) compiled INSIDE the counted steps: raise --skip"
+                    if p["graphs_compiled_inside"] else ""),
                  "  top ops: " + ", ".join(f"{n} {v:.0f}" for n, v in p["top_ops"].items())]
         if c["graph_break_reasons"]:
             lines.append("  graph breaks: " + "; ".join(f"{k[:120]} x{v}" for k, v in c["graph_break_reasons"].items()))

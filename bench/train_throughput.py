@@ -381,7 +381,8 @@ def run_loop(overrides: list[str], steps: int, warmup: int, device: torch.device
         "trainer.accelerator=gpu", f"trainer.devices=[{device.index or 0}]"]
     timer = LoopTimer(steps, warmup)
     with tempfile.TemporaryDirectory(prefix="train-throughput-") as work:
-        trainer = train_with([*overrides, *placement], timer, Path(work), warmup + steps)
+        # one step more than timed: the window ends where step `warmup + steps` starts, before the end of training
+        trainer = train_with([*overrides, *placement], timer, Path(work), warmup + steps + 1)
     if "seconds" not in timer.result:
         raise UserError(f"the loop ran {trainer.global_step} steps, fewer than --warmup {warmup} + 1 (an epoch too "
                         "short for the batch size?)")

@@ -18,7 +18,7 @@ def counted(tiny_bert, data_root, work, *overrides: str, steps: int = 2):
     counter = CountSteps(steps=steps, skip=1)
     common = [f"backbone.name_or_path={tiny_bert}", f"data_root={data_root}", "trainer.accelerator=cpu",
               "data.num_workers=0", f"data.cache_dir={work / 'cache'}"]
-    train_with([*overrides, *common], counter, work, 1 + steps)
+    train_with([*overrides, *common], counter, work, 1 + steps + 1)  # the window ends where the next step starts
     return counter.counts.per_step()
 
 
