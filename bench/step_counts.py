@@ -279,6 +279,17 @@ def compile_counters() -> dict:
             "generated_kernels": int(metrics.generated_kernel_count)}
 
 
+def parse_random_bert(value: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """`--random-bert LAYERS:HIDDEN`, HIDDEN a multiple of the 12 heads (refused in one line otherwise)."""
+    try:
+        layers, hidden = map(int, value.split(":"))
+    except ValueError:
+        parser.error(f"--random-bert {value}: expected LAYERS:HIDDEN, e.g. 12:48")
+    if layers < 1 or hidden < 12 or hidden % 12:
+        parser.error(f"--random-bert {value}: at least 1 layer, and a width that is a multiple of the 12 heads")
+    return layers, hidden
+
+
 def save_random_bert(directory: Path, layers: int, hidden: int) -> Path:
     """BERT with `layers` layers and 12 heads (bert-base's layout), `hidden` wide (a multiple of 12), randomly
     initialised, MiniLM's uncased vocabulary."""
@@ -350,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="step-counts-") as tmp:
         work = Path(tmp)
         if args.random_bert:
-            layers, hidden = map(int, args.random_bert.split(":"))
+            layers, hidden = parse_random_bert(args.random_bert, parser)
             overrides = [f"backbone.name_or_path={save_random_bert(work / 'bert', layers, hidden)}", *overrides]
         if args.distinct_lengths:
             corpus = write_corpus(work / "corpus.txt", args.distinct_lengths)

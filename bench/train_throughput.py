@@ -440,9 +440,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="train-throughput-model-") as scratch:
         if args.random_bert:
-            from bench.step_counts import save_random_bert
+            from bench.step_counts import parse_random_bert, save_random_bert
 
-            layers, hidden = map(int, args.random_bert.split(":"))
+            layers, hidden = parse_random_bert(args.random_bert, parser)
             overrides = [f"backbone.name_or_path={save_random_bert(Path(scratch), layers, hidden)}", *overrides]
         measure(args, overrides)
 
