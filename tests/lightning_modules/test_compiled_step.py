@@ -9,10 +9,10 @@ import torch
 from tests.helpers import assert_one_line_error
 from tests.run_faults import train_py
 
-#: Longest sentences of 2, 5, 11, 14, 17 and 29 tokens: buckets 8, 8, 16, 16, 32, 32.
+#: Longest sentences of 2, 5, 11, 13, 18 and 28 tokens: buckets 8, 8, 16, 16, 32, 32.
 BATCHES = [["a cat", "ok"], ["a cat sits on it", "ok"], ["two dogs run in the park today and they are happy", "a"],
            ["two dogs run in the park today and they are very happy now", "a"],
-           ["two dogs run in the park today and they are very happy now , really", "ok"],
+           ["two dogs run in the park today and they are very happy now , really , truly and", "ok"],
            [" ".join(["two dogs run in the park today"] * 4), "a cat"]]
 
 
@@ -38,7 +38,7 @@ def test_the_compiled_step_compiles_one_graph_per_width_and_evaluation_stays_eag
     assert counters["stats"]["unique_graphs"] == 3
     module.eval()
     encoder = module.evaluation_encoder(batch_size=2)
-    encoder.embed([s for batch in BATCHES for s in batch], module.eval_poolers())
+    encoder.embed([s for batch in BATCHES for s in batch], module.eval_poolers(), module.eval_template)
     assert counters["stats"]["unique_graphs"] == 3  # evaluation (other shapes, no gradients) compiled nothing
     assert module.transformer._compiled_call_impl is None
 
