@@ -266,15 +266,39 @@ def profiled_counts(profiler, steps: int) -> dict:
             "top_ops": {name: count / steps for name, count in leaf_ops.most_common(12)}}
 
 
+#: Recompilations seen in this process, by their first reason (`watch_recompilations`).
+RECOMPILES: collections.Counter = collections.Counter()
+
+
+def watch_recompilations() -> None:
+    """Count recompilations: torch 2.13's counters keep none, so count the calls of Dynamo's lookup of recompilation
+    reasons, made once for every frame compiled again (a guard failed)."""
+    from torch._dynamo import convert_frame
+
+    lookup = convert_frame.get_and_maybe_log_recompilation_reasons
+    if getattr(lookup, "counted", False):
+        return
+
+    def counted(*args, **kwargs):
+        reasons = lookup(*args, **kwargs)
+        RECOMPILES[(reasons[0] if reasons else "reason unknown")[:160]] += 1
+        return reasons
+
+    counted.counted = True
+    convert_frame.get_and_maybe_log_recompilation_reasons = counted
+
+
 def compile_counters() -> dict:
-    """What TorchDynamo / Inductor compiled in this process (the compile logs' counts)."""
+    """What TorchDynamo / Inductor compiled in this process (the compile logs' counts; recompilations counted by
+    `watch_recompilations`)."""
     from torch._dynamo.utils import counters
     from torch._inductor import metrics
 
     return {"graphs": int(counters["stats"]["unique_graphs"]),
             "graph_breaks": int(sum(counters["graph_break"].values())),
             "graph_break_reasons": dict(collections.Counter(counters["graph_break"]).most_common(5)),
-            "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else 0,
+            "recompiles": int(sum(RECOMPILES.values())),
+            "recompile_reasons": dict(RECOMPILES.most_common(5)),
             "frames_compiled": int(counters["frames"]["ok"]),
             "generated_kernels": int(metrics.generated_kernel_count)}
 
@@ -335,6 +359,7 @@ def count(overrides: list[str], steps: int, skip: int, work: Path) -> dict:
         from torch._inductor import config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True
+        watch_recompilations()
     # one step more than counted: the window ends where step `skip + steps` starts, before the end of training
     trainer = train_with(overrides, counter, work, skip + steps + 1)
     result = {"mode": "compiled" if compiled else "eager", "global_steps": trainer.global_step}
@@ -393,6 +418,8 @@ def format_result(result: dict) -> str:
                  + (f"; {p['graphs_compiled_inside']} graph(s) compiled INSIDE the counted steps: raise --skip"
                     if p["graphs_compiled_inside"] else ""),
                  "  top ops: " + ", ".join(f"{n} {v:.0f}" for n, v in p["top_ops"].items())]
+        if c["recompile_reasons"]:
+            lines.append("  recompilations: " + "; ".join(f"{k} x{v}" for k, v in c["recompile_reasons"].items()))
         if c["graph_break_reasons"]:
             lines.append("  graph breaks: " + "; ".join(f"{k[:120]} x{v}" for k, v in c["graph_break_reasons"].items()))
     return "\n".join(lines)

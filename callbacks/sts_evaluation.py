@@ -27,6 +27,7 @@ import pytorch_lightning as pl
 import torch
 
 from promptemb.common.bounds import AtLeastOne
+from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import DivergenceError
 from promptemb.common.instantiate import keywords_of, split_keywords
 from promptemb.common.io import atomic_write_json
@@ -138,7 +139,9 @@ class STSEvaluationCallback(pl.Callback):
     def on_fit_start(self, trainer, module) -> None:
         """Checks the dev and fit-end poolers against the model (Ditto head in range, attentions, MLM head,
         template) and reads their fit corpora now: a bad pooler argument or a missing corpus file fails before
-        training, not after it. Every rank checks, so no rank is left waiting in a collective."""
+        training, not after it. Every rank checks, so no rank is left waiting in a collective. Records the run's
+        device profile (optimiser implementation, precision, TF32, compile) with the scores."""
+        self.provenance["device_profile"] = profile_of(trainer).describe(getattr(module, "optimizer_factory", None))
         requests = [(self.dev_extra_poolers, False)]
         if self.score_best_at_end:
             requests.append((self.extra_poolers, True))

@@ -115,8 +115,9 @@ def shell_quoted(arg: str) -> str:
 
 
 def check_override_syntax(argv: list[str]) -> None:
-    """A value with quotes that Hydra cannot read (the shell removed the quotes meant for Hydra): one line giving the
-    spelling that works. Other syntax errors are left to Hydra's own message."""
+    """A value with quotes that Hydra cannot read (the shell removed the quotes meant for Hydra), or a pooler ensemble
+    written as a function call (`poolers=[ensemble(pcot,ke)]`): one line giving the spelling that works. Other syntax
+    errors are left to Hydra's own message."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -128,6 +129,9 @@ def check_override_syntax(argv: list[str]) -> None:
             parser.parse_overrides([arg])
         except OverrideParseException:
             prefix, key, value = split_override(arg)
+            if key.rsplit(".", 1)[-1] in ("poolers", "pooler") and re.search(r"\w\(", value):
+                raise ConfigError(f"Hydra reads {value} as a function call; join the members of a pooler ensemble "
+                                  f"with '+': {key}=[pcot+ke]") from None
             if any(char in value for char in "\"'"):
                 raise ConfigError(f"Hydra cannot read the value of {key} ({value!r}) unquoted: quote it for Hydra "
                                   f"inside the shell's quotes, e.g. {shell_quoted(hydra_quoted(prefix + key, value))}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+from promptemb.common.device_profile import accelerator_kind
 from promptemb.common.errors import ConfigError
 
 
@@ -16,7 +17,8 @@ def compile_problem(accelerator: str | None) -> str | None:
 
     if not torch._dynamo.is_dynamo_supported():
         return "TorchDynamo does not support this Python/platform"
-    on_cuda = accelerator in ("gpu", "cuda") or (accelerator in (None, "auto") and torch.cuda.is_available())
+    # a CUDA accelerator without CUDA is a rehearsal on the CPU (common/device_profile.py): Inductor's CPU kernels
+    on_cuda = accelerator_kind(accelerator) == "cuda" and torch.cuda.is_available()
     if on_cuda:
         from torch.utils._triton import has_triton
 

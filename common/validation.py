@@ -268,11 +268,14 @@ def check_on_this_machine(key: str, value: Any, kind: str, fix: str, needed: int
     import torch
 
     if kind in ("gpu", "cuda"):
-        if not torch.cuda.is_available():
+        from promptemb.common.device_profile import cuda_device_count
+
+        available = cuda_device_count()  # one while a CUDA command is rehearsed on the CPU
+        if not available:
             raise ConfigError(f"{key}={value} but this machine has no CUDA GPU (torch.cuda.is_available() is "
                               f"False); use {fix}")
-        if needed is not None and needed > torch.cuda.device_count():
-            raise ConfigError(f"{needed_by} but this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+        if needed is not None and needed > available:
+            raise ConfigError(f"{needed_by} but this machine has {available} CUDA GPU(s)")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key}=mps but this machine has no Apple MPS device; use cpu or auto")
 

@@ -1,9 +1,12 @@
 """LightningDataModules: unsupervised text lines and NLI-style triplets.
 
-With `pretokenize` (the default) the corpus is tokenized once into a memory-mapped Arrow table (`data/pretokenized.py`,
-cached across runs) by the tokenizer and sentence rule of the module being trained, and batches are padded sentence
-ids ({"ids", "lengths"}) the module wraps in its templates on the device. Without it, or without a module that
-offers a tokenization, batches are lists of raw strings the module templates and tokenizes itself.
+The corpus files are read once, in one streaming pass, into a memory-mapped Arrow table (`data/corpus_tables.py`:
+held-out sentences dropped, `max_examples` kept, cached by the files' bytes), so no corpus is ever held in memory
+whole. With `pretokenize` (the default) that table is tokenized once into another (`data/pretokenized.py`, cached
+across runs) by the tokenizer and sentence rule of the module being trained, and batches are padded sentence ids
+({"ids", "lengths"}) the module wraps in its templates on the device. Without it, or without a module that offers
+a tokenization, batches are lists of raw strings (read from the corpus table) the module templates and tokenizes
+itself.
 
 The order of the examples is a pure function of (seed, epoch) (`promptemb.data.sampling.EpochSampler`), and the position
 inside the epoch travels in every checkpoint (`state_dict`), so a resumed run trains on exactly the batches the
@@ -23,7 +26,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from promptemb.common.bounds import AtLeastOne, NonNegativeInt, Seed
+from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import ConfigError, DataError
+from promptemb.data.corpus_tables import CorpusRows, CorpusSource, CorpusTable, TooFewExamplesError, corpus_table
 from promptemb.data.download import DEFAULT_CACHE, fetch, load_source
 from promptemb.data.pretokenized import (
     PretokenizedExamples,
@@ -33,15 +38,7 @@ from promptemb.data.pretokenized import (
 )
 from promptemb.data.root import resolve_data_root
 from promptemb.data.sampling import DataPosition, EpochSampler
-from promptemb.data.training_corpora import (
-    HELD_OUT_TASKS,
-    check_nli_header,
-    held_out_sentences,
-    normalise_for_matching,
-    read_nli_csv,
-    read_text_lines,
-    sick_triplets,
-)
+from promptemb.data.training_corpora import HELD_OUT_TASKS, check_nli_header, held_out_sentences
 
 log = logging.getLogger(__name__)
 # Lightning cannot see that the datamodule restores the position itself (its own check wants a stateful loader).
@@ -57,11 +54,6 @@ def local_corpus_path(name: str, data_root: str | None) -> Path:
     current directory: a same-named file there must not silently replace the configured corpus)."""
     path = Path(name).expanduser()
     return path if path.is_absolute() else resolve_data_root(data_root) / path
-
-
-#: Loader workers per process when `num_workers: auto` and the trainer runs on an accelerator (0 on a CPU trainer,
-#: whose cores the model needs).
-ACCELERATOR_WORKERS = 4
 
 
 class _StringDataModule(pl.LightningDataModule):
@@ -88,7 +80,8 @@ class _StringDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         self.download = download
         self.cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
-        self.examples: list = []
+        self.corpus: CorpusTable | None = None  # the examples as trained on, memory-mapped
+        self.examples: CorpusRows | None = None  # ... as the loader reads raw examples (str or tuple of str)
         self.dropped_held_out = 0
         self.truncated_sentences = 0  # counted on the pre-tokenized path
         self.pretokenize = pretokenize
@@ -153,21 +146,34 @@ class _StringDataModule(pl.LightningDataModule):
     def check_file(cls, path: Path, settings: dict) -> None:
         """What a subclass verifies in an existing corpus file before training (nothing by default)."""
 
-    def load(self) -> list:
+    def corpus_format(self) -> str:
+        """How the files are read (`corpus_tables.CorpusSource.format`)."""
         raise NotImplementedError
 
-    def sentences_of(self, example) -> tuple[str, ...]:
+    def corpus_paths(self) -> list[Path]:
+        """The corpus files, in order (fetched first when `download` names a source)."""
         raise NotImplementedError
+
+    def corpus_source(self) -> CorpusSource:
+        """The files, their format and what is dropped and kept, with the held-out sentences read."""
+        held = held_out_sentences(resolve_data_root(self.data_root), self.held_out_tasks) if self.held_out_tasks \
+            else None
+        return CorpusSource(self.corpus_format(), tuple(self.corpus_paths()), held, self.max_examples)
+
+    def iter_examples(self):
+        """Every example of the corpus files, before held-out filtering, streamed."""
+        return CorpusSource(self.corpus_format(), tuple(self.corpus_paths())).examples()
 
     def prepare_data(self) -> None:
         """Lightning runs this in one process per node (local rank 0) while the other ranks wait at a barrier: the
-        download and the pre-tokenizing pass happen once, with every core, and each rank's `setup` then reads the
-        cached table."""
+        download, the corpus read and the pre-tokenizing pass happen once, with every core, and each rank's `setup`
+        then opens the cached tables."""
         self.setup("fit", processes=self.tokenize_processes or os.cpu_count())
 
     def setup(self, stage: str | None = None, processes: int | None = None) -> None:
-        if not self.examples:
-            self.examples = self._filtered_examples()
+        if self.corpus is None:
+            self.corpus = self._open_corpus()
+            self.examples = CorpusRows(self.corpus)
         if self.dataset is None:
             self._prepare_dataset(processes or self._tokenize_processes_per_rank())
 
@@ -178,21 +184,46 @@ class _StringDataModule(pl.LightningDataModule):
         ranks_on_node = self.trainer.num_devices if self.trainer is not None else 1
         return max(1, (os.cpu_count() or 1) // max(1, ranks_on_node))
 
-    def _filtered_examples(self) -> list:
-        examples = self.load()
-        if self.held_out_tasks:
-            held = held_out_sentences(resolve_data_root(self.data_root), self.held_out_tasks)
-            kept = [e for e in examples if not any(normalise_for_matching(s) in held for s in self.sentences_of(e))]
-            self.dropped_held_out = len(examples) - len(kept)
-            examples = kept
-        if self.max_examples:
-            examples = examples[: self.max_examples]
-        if len(examples) < self.batch_size:
-            raise DataError(f"corpus has {len(examples)} examples after filtering, fewer than one batch "
-                            f"({self.batch_size}); add data or lower data.batch_size")
-        log.info("training corpus: %d examples (%d dropped: held-out evaluation sentences)", len(examples),
-                 self.dropped_held_out)
-        return examples
+    def _open_corpus(self) -> CorpusTable:
+        source = self.corpus_source()
+        try:
+            corpus = corpus_table(source, self.cache_dir, minimum_examples=self.batch_size, verify=self.verify_cache)
+        except TooFewExamplesError as err:
+            raise DataError(self._too_few_examples(err.counts, source)) from None
+        self.dropped_held_out = corpus.counts["dropped_held_out"]
+        log.info("training corpus: %d examples (%d dropped: held-out evaluation sentences%s)", len(corpus),
+                 self.dropped_held_out, _per_task(corpus.counts) and f" of {_per_task(corpus.counts)}")
+        return corpus
+
+    def _too_few_examples(self, counts: dict, source: CorpusSource) -> str:
+        """Fewer examples than one batch: how many the files gave and the held-out filter dropped (and why), and
+        the cures that fit."""
+        kept, read, dropped = counts["examples"], counts["read"], counts["dropped_held_out"]
+        message = f"corpus has {kept:,} examples after filtering, fewer than one batch ({self.batch_size})"
+        unfiltered = min(read, self.max_examples or read)  # what the files give without the held-out filter
+        cures = []
+        if dropped:
+            files = ", ".join(str(path) for path in source.paths)
+            amount = f"all {dropped:,}" if dropped == read else f"{dropped:,} of the {read:,}"
+            message += (f": the held-out filter dropped {amount} examples read from {files}, as they contain "
+                        f"sentences of evaluated tasks ({_per_task(counts)}), which training must never see")
+            if not kept or unfiltered >= self.batch_size:  # the filter, not the corpus size, is what stops the run
+                cures.append(self._held_out_cure(counts))
+        if unfiltered < self.batch_size:
+            cures.append("add data or lower data.batch_size" + (f" (the files give {unfiltered:,} examples)"
+                                                                 if dropped else ""))
+        return f"{message}; {'; '.join(cures)}"
+
+    def _held_out_cure(self, counts: dict) -> str:
+        if tuple(self.held_out_tasks) != HELD_OUT_TASKS:  # the user's own list
+            matched = ", ".join(sorted(counts.get("dropped_by_task") or {}))
+            return (f"to train on this text, remove the tasks it shares sentences with ({matched}) from "
+                    "data.held_out_tasks and report their scores as contaminated")
+        if self.corpus_format() == "sick":
+            return ("to train on SICK, use data=sick_triplets (it holds out the STS tasks only; the SICK-R score is "
+                    "then reported as contaminated)")
+        return ("train on text of no evaluated task, or hold out only the tasks you will evaluate: "
+                "+data.held_out_tasks=[TASK,...] (task names or groups: sts, transfer, clustering)")
 
     def _prepare_dataset(self, processes: int) -> None:
         self.dataset, self.collate = self.examples, _keep_batch
@@ -200,7 +231,7 @@ class _StringDataModule(pl.LightningDataModule):
         if self.tokenization is None and hasattr(module, "sentence_tokenization"):
             self.tokenization = module.sentence_tokenization()
         if self.pretokenize and self.tokenization is not None:
-            table = pretokenized_corpus(self.examples, self.tokenization, self.cache_dir, processes,
+            table = pretokenized_corpus(self.corpus, self.tokenization, self.cache_dir, processes,
                                         verify=self.verify_cache)
             self.dataset, self.collate = PretokenizedExamples(table), pad_sentence_ids
             self.truncated_sentences = self.dataset.count_longer_than(self.tokenization.keep - 1)
@@ -209,23 +240,24 @@ class _StringDataModule(pl.LightningDataModule):
                          "(the recipe's max_sentence_tokens)", f"{self.truncated_sentences:,}",
                          f"{len(self.dataset) * len(self.dataset.columns):,}", self.tokenization.keep - 1)
 
-    def example_lengths(self) -> list[int]:
-        """Length of each example for length grouping: its stored token count when pre-tokenized, else characters."""
+    def example_lengths(self):
+        """Length of each example for length grouping (an array): its stored token count when pre-tokenized, else
+        characters."""
         if isinstance(self.dataset, PretokenizedExamples):
             return self.dataset.example_lengths()
-        return [sum(len(s) for s in self.sentences_of(e)) for e in self.examples]
+        return self.examples.lengths()
 
-    def duplicate_keys(self) -> list[int]:
-        """Equal for examples whose first sentence (the anchor) is the same text."""
-        ids: dict[str, int] = {}
-        return [ids.setdefault(self.sentences_of(e)[0], len(ids)) for e in self.examples]
+    def duplicate_keys(self):
+        """Equal for examples whose first sentence (the anchor) is the same text (an array)."""
+        return self.examples.first_sentence_ids()
 
     def _loader_settings(self) -> tuple[int, bool]:
-        trainer = self.trainer
-        on_accelerator = trainer is not None and trainer.strategy.root_device.type != "cpu"
-        workers = (ACCELERATOR_WORKERS if on_accelerator else 0) if self.num_workers == "auto" else self.num_workers
-        pin = on_accelerator if self.pin_memory == "auto" else self.pin_memory
-        return workers, pin and torch.cuda.is_available()
+        """(workers, pinned memory): the trainer's device profile resolves `auto` (common/device_profile.py)."""
+        if self.trainer is None:
+            return (0 if self.num_workers == "auto" else self.num_workers,
+                    self.pin_memory is True and torch.cuda.is_available())
+        profile = profile_of(self.trainer)
+        return profile.loader_workers(self.num_workers), profile.pin_memory(self.pin_memory)
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
@@ -277,11 +309,11 @@ class TextLinesDataModule(_StringDataModule):
         super().__init__(batch_size, **kwargs)
         self.files = list(files)
 
-    def load(self) -> list[str]:
-        return read_text_lines([self.resolve(name) for name in self.files])
+    def corpus_format(self) -> str:
+        return "lines"
 
-    def sentences_of(self, example: str) -> tuple[str, ...]:
-        return (example,)
+    def corpus_paths(self) -> list[Path]:
+        return [self.resolve(name) for name in self.files]
 
 
 class TripletDataModule(_StringDataModule):
@@ -303,9 +335,15 @@ class TripletDataModule(_StringDataModule):
         self.file = file
         self.format = format
 
-    def load(self) -> list[tuple[str, str, str]]:
-        path = self.resolve(self.file)
-        return read_nli_csv(path) if self.format == "nli_csv" else sick_triplets(path)
+    def corpus_format(self) -> str:
+        return self.format
 
-    def sentences_of(self, example) -> tuple[str, ...]:
-        return example
+    def corpus_paths(self) -> list[Path]:
+        return [self.resolve(self.file)]
+
+
+def _per_task(counts: dict) -> str:
+    """`SICK-E: 494, SICKRelatedness: 410`: examples dropped per held-out task, most first (an example sharing
+    sentences with several tasks counts for each)."""
+    by_task = sorted((counts.get("dropped_by_task") or {}).items(), key=lambda item: (-item[1], item[0]))
+    return ", ".join(f"{task}: {n:,}" for task, n in by_task)

@@ -50,8 +50,25 @@ def read_utf8_text(path: Path) -> str:
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         column = err.start - raw.rfind(b"\n", 0, err.start)
-        raise DataError(f"{path}:{line}: not valid UTF-8 ({err.reason}: byte 0x{raw[err.start]:02x} at byte "
-                        f"{column} of the line); re-save the file as UTF-8") from None
+        raise _invalid_utf8(path, line, column, raw[err.start], err.reason) from None
+
+
+def invalid_utf8_error(path: Path) -> DataError:
+    """The error `read_utf8_text` gives for `path`, found by reading the file a line at a time (for readers that
+    stream a file and were stopped by a UnicodeDecodeError). A line split at b"\\n" decodes alone exactly as it does
+    inside the file: no UTF-8 sequence contains that byte."""
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return _invalid_utf8(path, number, err.start + 1, line[err.start], err.reason)
+    return DataError(f"{path}: not valid UTF-8; re-save the file as UTF-8")  # (changed while being read)
+
+
+def _invalid_utf8(path: Path, line: int, column: int, byte: int, reason: str) -> DataError:
+    return DataError(f"{path}:{line}: not valid UTF-8 ({reason}: byte 0x{byte:02x} at byte {column} of the line); "
+                     "re-save the file as UTF-8")
 
 
 def _read_lines(path: Path) -> list[str]:

@@ -31,6 +31,8 @@ class DataPosition:
     batches_done: int = 0
 
 
+#: Indices handed to the loader per conversion from the epoch's tensor.
+ITERATION_CHUNK = 1 << 16
 #: Length grouping sorts within windows of this many global batches (as Hugging Face's length-grouped sampler).
 LENGTH_GROUP_BATCHES = 50
 
@@ -49,7 +51,7 @@ class EpochSampler(Sampler[int]):
         self.resume_at = resume_at or DataPosition()
         self.epoch = self.resume_at.epoch
         self.lengths = None if lengths is None else torch.as_tensor(lengths, dtype=torch.long)
-        self.keys = None if keys is None else list(keys)
+        self.keys = None if keys is None else keys.tolist() if hasattr(keys, "tolist") else list(keys)
         for name, values in (("lengths", lengths), ("keys", keys)):
             if values is not None and len(values) != num_examples:
                 raise ValueError(f"{name} has {len(values)} entries for {num_examples} examples")
@@ -64,16 +66,21 @@ class EpochSampler(Sampler[int]):
 
     def epoch_order(self, epoch: int) -> list[int]:
         """This rank's indices for `epoch`, whole batches only, from the first batch of the epoch."""
+        return self.epoch_indices(epoch).tolist()
+
+    def epoch_indices(self, epoch: int) -> torch.Tensor:
+        """`epoch_order` as a tensor (8 bytes an index, where a list of Python ints takes about 36)."""
         generator = torch.Generator().manual_seed(self.seed + epoch)
         permutation = torch.randperm(self.num_examples, generator=generator)
         global_batch = self.per_device_batch_size * self.world_size
         used = self.batches_per_epoch * global_batch
         if self.lengths is not None:
             permutation[:used] = self._group_by_length(permutation[:used], global_batch, generator)
-        order = permutation.tolist()
         if self.keys is not None:
+            order = permutation.tolist()
             self._spread_duplicates(order, global_batch, used)
-        return order[:used][self.rank::self.world_size]
+            permutation = torch.tensor(order, dtype=torch.long)
+        return permutation[:used][self.rank::self.world_size]
 
     def _group_by_length(self, order: torch.Tensor, global_batch: int, generator: torch.Generator) -> torch.Tensor:
         window = global_batch * LENGTH_GROUP_BATCHES
@@ -97,10 +104,11 @@ class EpochSampler(Sampler[int]):
                 seen.add(keys[order[position]])
 
     def __iter__(self) -> Iterator[int]:
-        order = self.epoch_order(self.epoch)
+        order = self.epoch_indices(self.epoch)
         if self.epoch == self.resume_at.epoch:
             order = order[self.resume_at.batches_done * self.per_device_batch_size:]
-        return iter(order)
+        for chunk in order.split(ITERATION_CHUNK):  # the epoch is never one list of Python ints
+            yield from chunk.tolist()
 
     def __len__(self) -> int:
         """The full epoch (Lightning's batch count and progress bar); a resumed epoch yields only its rest."""

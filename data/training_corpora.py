@@ -1,16 +1,22 @@
-"""Training corpora: text lines, NLI triplet CSVs, SICK-train triplets, and the guard against evaluation leakage."""
+"""Training corpora: text lines, NLI triplet CSVs, SICK-train triplets, and the guard against evaluation leakage.
+
+The readers stream: a file is read a line (or csv row) at a time, never whole, so a corpus larger than memory goes
+through them (`corpus_tables.py` writes what they yield into an Arrow table in batches). `read_text_lines` and
+`read_nli_csv` are the same readers collected into a list, for small corpora."""
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from promptemb.common.errors import DataError
-from promptemb.data.readers import read_utf8_text
+from promptemb.data.readers import invalid_utf8_error, read_utf8_text
 from promptemb.data.tasks import CLUSTERING_SUITE, TRANSFER_SUITE, get_tasks
 
 NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
@@ -24,37 +30,102 @@ def normalise_for_matching(sentence: str) -> str:
     return " ".join(sentence.lower().split())
 
 
-def held_out_sentences(root: Path, tasks: Iterable[str] = HELD_OUT_TASKS) -> frozenset[str]:
-    """Normalised sentences of `tasks` (task names or groups such as `transfer`), any family."""
+@dataclass(frozen=True)
+class HeldOut:
+    """The normalised sentences of the held-out tasks, each with a bit mask of the tasks (`tasks[i]` is bit i) whose
+    text it is, and a sha256 of the whole set (what a cached corpus filtered against it records)."""
+
+    tasks: tuple[str, ...]
+    sentences: dict[str, int]
+    sha256: str
+
+    def tasks_of(self, sentences: Iterable[str]) -> int:
+        """The mask of the tasks sharing a sentence with `sentences` (0: none, the example is kept)."""
+        mask = 0
+        for sentence in sentences:
+            mask |= self.sentences.get(normalise_for_matching(sentence), 0)
+        return mask
+
+    def names(self, mask: int) -> list[str]:
+        return [task for bit, task in enumerate(self.tasks) if mask >> bit & 1]
+
+
+def held_out_sentences(root: Path, tasks: Iterable[str] = HELD_OUT_TASKS) -> HeldOut:
+    """The normalised sentences of `tasks` (task names or groups such as `transfer`), any family."""
     return _held_out(str(root), tuple(tasks))
 
 
 @cache  # read once per process: every datamodule of a test session or a sweep filters against the same sets
-def _held_out(root: str, tasks: tuple[str, ...]) -> frozenset[str]:
-    held = set()
-    root = Path(root)
-    for spec in get_tasks(list(tasks)):
+def _held_out(root: str, tasks: tuple[str, ...]) -> HeldOut:
+    held: dict[str, int] = {}
+    specs = get_tasks(list(tasks))
+    for bit, spec in enumerate(specs):
         if spec.family == "sts":
-            pairs = spec.load(root)
-            held.update(normalise_for_matching(s) for s in pairs.sentences1 + pairs.sentences2)
+            pairs = spec.load(Path(root))
+            sentences = pairs.sentences1 + pairs.sentences2
         else:
-            for split in spec.load_labeled(root).values():
-                held.update(normalise_for_matching(s) for s in split.all_sentences())
-    return frozenset(held)
+            sentences = [s for split in spec.load_labeled(Path(root)).values() for s in split.all_sentences()]
+        for sentence in sentences:
+            key = normalise_for_matching(sentence)
+            held[key] = held.get(key, 0) | 1 << bit
+    digest = hashlib.sha256()
+    for sentence in sorted(held):
+        digest.update(sentence.encode())
+        digest.update(b"\n")
+    return HeldOut(tuple(spec.name for spec in specs), held, digest.hexdigest())
 
 
-def read_text_lines(paths: Iterable[Path]) -> list[str]:
-    """Non-blank lines of every file, stripped; a missing file, an invalid UTF-8 byte (named as file:line) or an
-    empty corpus is an error."""
-    sentences: list[str] = []
+def utf8_lines(path: Path, newline: str | None = None, progress: Callable[[int], object] | None = None,
+               ) -> Iterator[str]:
+    """The lines of a file decoded as strict UTF-8, a buffer at a time (`open`'s `newline` rule: None ends lines at
+    \\n, \\r\\n or \\r and yields them as \\n); an invalid byte is a `DataError` naming file:line, as
+    `read_utf8_text` names it. `progress(n)`: called now and then with the bytes read since its last call."""
+    try:
+        with path.open(encoding="utf-8", newline=newline) as handle:
+            if progress is None:
+                yield from handle
+                return
+            done = 0
+            for number, line in enumerate(handle):
+                if number % PROGRESS_EVERY == 0:
+                    position = handle.buffer.tell()
+                    progress(position - done)
+                    done = position
+                yield line
+            progress(path.stat().st_size - done)
+    except UnicodeDecodeError:
+        raise invalid_utf8_error(path) from None
+
+
+#: Lines between two progress reports of `utf8_lines`.
+PROGRESS_EVERY = 1 << 16
+
+
+def check_corpus_files(paths: Iterable[Path]) -> None:
     for path in paths:
         if not path.is_file():
             raise DataError(f"corpus file {path} does not exist; check data.files and data_root")
-        # newline=None: lines end at \n, \r\n or \r, as when the file is opened in text mode
-        sentences += [line.strip() for line in io.StringIO(read_utf8_text(path), newline=None) if line.strip()]
-    if not sentences:
+
+
+def iter_text_lines(paths: Iterable[Path], progress: Callable[[int], object] | None = None) -> Iterator[str]:
+    """Non-blank lines of every file, stripped, streamed; a missing file, an invalid UTF-8 byte (named as file:line)
+    or an empty corpus is an error. `progress`: as in `utf8_lines`."""
+    paths = list(paths)
+    check_corpus_files(paths)
+    empty = True
+    for path in paths:
+        for line in utf8_lines(path, progress=progress):
+            line = line.strip()
+            if line:
+                empty = False
+                yield line
+    if empty:
         raise DataError(f"empty corpus: no non-blank line in {', '.join(str(p) for p in paths)}")
-    return sentences
+
+
+def read_text_lines(paths: Iterable[Path]) -> list[str]:
+    """`iter_text_lines` as a list (small corpora)."""
+    return list(iter_text_lines(paths))
 
 
 def _check_nli_columns(path: Path, header: list[str] | None) -> None:
@@ -77,22 +148,27 @@ def check_nli_header(path: Path) -> None:
     _check_nli_columns(path, header)
 
 
-def read_nli_csv(path: Path) -> list[tuple[str, str, str]]:
-    """SimCSE's NLI format: header `sent0,sent1,hard_neg`, one triplet per row."""
+def iter_nli_csv(path: Path, progress: Callable[[int], object] | None = None) -> Iterator[tuple[str, str, str]]:
+    """SimCSE's NLI format: header `sent0,sent1,hard_neg`, one triplet per row, streamed (`progress`: as in
+    `utf8_lines`)."""
     if not path.is_file():
         raise DataError(f"NLI file {path} does not exist; check data.file and data_root")
-    with io.StringIO(read_utf8_text(path), newline="") as handle:
-        reader = csv.DictReader(handle)
-        _check_nli_columns(path, reader.fieldnames)
-        triplets = []
-        for lineno, row in enumerate(reader, start=2):
-            values = tuple((row[c] or "").strip() for c in NLI_COLUMNS)
-            if not all(values):
-                raise DataError(f"{path}:{lineno}: empty field in a triplet")
-            triplets.append(values)
-    if not triplets:
+    reader = csv.DictReader(utf8_lines(path, newline="", progress=progress))
+    _check_nli_columns(path, reader.fieldnames)
+    empty = True
+    for lineno, row in enumerate(reader, start=2):
+        values = tuple((row[c] or "").strip() for c in NLI_COLUMNS)
+        if not all(values):
+            raise DataError(f"{path}:{lineno}: empty field in a triplet")
+        empty = False
+        yield values
+    if empty:
         raise DataError(f"empty corpus: {path} has a header but no triplets")
-    return triplets
+
+
+def read_nli_csv(path: Path) -> list[tuple[str, str, str]]:
+    """`iter_nli_csv` as a list (small corpora)."""
+    return list(iter_nli_csv(path))
 
 
 def sick_triplets(path: Path) -> list[tuple[str, str, str]]:

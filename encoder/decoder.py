@@ -323,7 +323,10 @@ def run_decoder(transformer: torch.nn.Module, batch: Batch, needs: Needs, form: 
     if decoder.prepending is not None:
         slot = (batch.roles == SLOT).long().argmax(1)
         embeds = word_embeddings(batch.input_ids)
-        vector = placeholder_embedding(decoder.prepending.seed, embeds.shape[-1])
+        if decoder.prepending.vector is not None:  # resolved from the model, a file or the seed (placeholder.py)
+            vector = torch.tensor(decoder.prepending.vector.values, dtype=torch.float64)
+        else:
+            vector = placeholder_embedding(decoder.prepending.seed, embeds.shape[-1])
         embeds = embeds.clone()
         embeds[rows, slot] = vector.to(embeds.device, embeds.dtype)
         inputs["inputs_embeds"] = embeds

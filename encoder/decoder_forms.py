@@ -7,16 +7,34 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class PlaceholderVector:
+    """Token Prepending's `<PST>` input embedding and where it came from: `tokenizer` (the model's own `<PST>` row),
+    `file` (a `.npy` vector) or `random` (N(0, 1), seeded); `record` holds the source's details for provenance."""
+
+    values: tuple[float, ...]
+    source: str
+    record: tuple[tuple[str, str | int], ...] = ()
+
+    def describe(self) -> dict:
+        return {"placeholder_source": self.source, **{f"placeholder_{key}": value for key, value in self.record}}
+
+
+@dataclass(frozen=True)
 class TokenPrepending:
     """Before each layer i with `start` <= i < `exit` (0-based), the `<PST>` position's input is overwritten with that
-    layer's input at the last position; layer 0 sees the `<PST>` embedding, drawn from N(0, 1) with `seed`."""
+    layer's input at the last position; layer 0 sees the `<PST>` embedding: `vector` once resolved from the model
+    (`encoder/placeholder.py`), else drawn from N(0, 1) with `seed`."""
 
     start: int = 1
     exit: int = 7
     seed: int = 3407
+    vector: PlaceholderVector | None = None
 
     def describe(self) -> dict:
-        return {"method": "token_prepending", "start": self.start, "exit": self.exit, "placeholder_seed": self.seed}
+        record = {"method": "token_prepending", "start": self.start, "exit": self.exit}
+        if self.vector is None:
+            return {**record, "placeholder_source": "random", "placeholder_seed": self.seed}
+        return {**record, **self.vector.describe()}
 
 
 @dataclass(frozen=True)
@@ -29,7 +47,7 @@ class ContrastivePrompting:
     coeff: float = 0.5
 
     def describe(self) -> dict:
-        return {"method": "contrastive_prompting", "auxiliary_template": self.auxiliary, "layer": self.layer,
+        return {"method": "contrastive_prompting", "auxiliary_template": self.auxiliary, "act_layer": self.layer,
                 "coeff": self.coeff}
 
 

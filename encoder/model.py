@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from promptemb.common.bounds import AtLeastOne, TokenLimit
 from promptemb.common.compilation import check_compile_works
+from promptemb.common.device_profile import exact_matmuls
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.decoder import (
     PADDING_SIDES,
@@ -401,10 +402,8 @@ class Encoder:
             embeddings.update(self.encode_form(sentences, form_poolers, form, batch_size=batch_size,
                                                progress=progress))
         for pooler in poolers:
-            parts = pooler.parts()
-            if parts:  # MetaEOL: the plain mean of its prompts' embeddings
-                embeddings[pooler.name] = np.mean([embeddings[part.name] for part in parts], axis=0,
-                                                  dtype=np.float64).astype(np.float32)
+            if pooler.parts():  # MetaEOL's prompts, an ensemble's members: combined by the pooler
+                embeddings[pooler.name] = pooler.combine(embeddings)
         return {pooler.name: embeddings[pooler.name] for pooler in poolers}
 
     def input_builder(self, form: InputForm) -> InputBuilder | DecoderInputBuilder:
@@ -443,7 +442,8 @@ class Encoder:
                 return start, {pooler.name: pooler(out).float().cpu() for pooler in poolers}
 
         bar = tqdm(total=len(mine), desc=f"encode ({label})", unit="batch", disable=not progress, leave=False)
-        with bar, self.cpu_workers() as run:
+        # scores must not depend on the device: float32 forwards use IEEE matmuls even where training turned TF32 on
+        with bar, self.cpu_workers() as run, exact_matmuls():
             for start, pooled in run(encode_batch, mine):
                 parts[start] = pooled
                 bar.update()

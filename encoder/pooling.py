@@ -5,8 +5,10 @@ all poolers; it maps the encoder's output of a batch to sentence embeddings. The
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from promptemb.encoder.inputs import InputForm
@@ -71,6 +73,12 @@ class Pooler(ABC):
         """Poolers whose embeddings this one averages (MetaEOL's prompts), each run on its own input form; None for
         a pooler that reads one forward pass itself."""
         return None
+
+    def combine(self, embeddings: Mapping[str, np.ndarray]) -> np.ndarray:
+        """This pooler's `[N, D]` embeddings from those of its `parts()` (keyed by part name): their plain mean in
+        float64 (MetaEOL's `view(-1, K, D).mean(1)`); poolers that combine otherwise (ensembles) override it."""
+        parts = self.parts() or []
+        return np.mean([embeddings[part.name] for part in parts], axis=0, dtype=np.float64).astype(np.float32)
 
     def bind_tokenizer(self, tokenizer) -> None:
         """Give the pooler the tokenizer, for poolers whose token weights depend on the vocabulary."""

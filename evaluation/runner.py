@@ -80,7 +80,7 @@ def build_encoder(cfg: DictConfig, poolers) -> Encoder:
 
 def inference_options(backbone: DictConfig) -> dict:
     """How the encoder runs (`Encoder.use_inference_options`): the same for a pretrained and a trained model."""
-    return {"autocast": str(backbone.get("autocast", "auto")), "compile": bool(backbone.get("compile", False)),
+    return {"autocast": str(backbone.get("autocast", "none")), "compile": bool(backbone.get("compile", False)),
             "parallel_batches": int(backbone.get("parallel_batches", 1)),
             "onednn_linears": bool(backbone.get("onednn_linears", False))}
 
@@ -190,7 +190,8 @@ def encode(cfg: DictConfig) -> np.ndarray:
     if not cfg.input or not cfg.output:
         raise ConfigError("mode=encode needs input=FILE.txt and output=FILE.npy")
     seed_everything(int(cfg.seed))
-    pooler = build_pooler(str(cfg.pooler), **OmegaConf.to_container(cfg.pooler_args).get(str(cfg.pooler), {}))
+    pooler_args = OmegaConf.to_container(cfg.pooler_args)
+    pooler = build_pooler(str(cfg.pooler), member_args=pooler_args, **pooler_args.get(str(cfg.pooler), {}))
     sentences = read_sentences(Path(cfg.input))
     scoring = open_scoring(cfg, [pooler])
     # a trained model's own pooler of that name (e.g. its denoised [MASK] with its head) replaces the built one

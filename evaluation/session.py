@@ -29,6 +29,7 @@ from promptemb.evaluation.task_families import evaluate_tasks
 from promptemb.evaluation.transfer import ClassifierConfig
 from promptemb.poolers import build_poolers
 from promptemb.poolers.base import Pooler
+from promptemb.poolers.registry import argument_names
 from promptemb.postprocessing import build_posts
 
 
@@ -87,7 +88,8 @@ class ScoringSession:
         """The named poolers (a subset of the session's) with their `pooler_args`."""
         if not names:
             return []
-        return build_poolers(names, {k: v for k, v in self.pooler_args.items() if k in names})
+        known = argument_names(names, self.pooler_args)  # the names and their ensembles' members
+        return build_poolers(names, {k: v for k, v in self.pooler_args.items() if k in known})
 
     def corpora(self) -> Corpora:
         """The task registry's corpora under the data root (resolved and read once)."""

@@ -18,6 +18,7 @@ from pytorch_lightning.utilities.enums import GradClipAlgorithmType
 from torch.optim.lr_scheduler import LRScheduler
 
 from promptemb.common.bounds import AtLeastOne, NonNegative, Positive, TokenLimit
+from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import ConfigError, DivergenceError
 from promptemb.common.validation import declare_hints
 from promptemb.data.pretokenized import SentenceTokenization
@@ -61,16 +62,6 @@ def mlm_transform_state(model: torch.nn.Module, loading_info: dict) -> dict[str,
         return {f"{name}.{key}": tensor.detach().clone()
                 for name, part in parts.items() for key, tensor in part.state_dict().items()}
     return None
-
-
-def optimizer_options(factory: Callable, device: torch.device) -> dict:
-    """Extra options for the optimiser on `device`: fused AdamW on CUDA (one kernel per step instead of several per
-    parameter tensor; same update), unless the config chose an implementation."""
-    keywords = getattr(factory, "keywords", {})
-    if device.type == "cuda" and getattr(factory, "func", factory) is torch.optim.AdamW and not (
-            {"fused", "foreach"} & set(keywords)):
-        return {"fused": True}
-    return {}
 
 
 class NonFiniteLossError(DivergenceError):
@@ -274,7 +265,7 @@ class PromptContrastiveModule(pl.LightningModule):
     def evaluation_encoder(self, batch_size: int = 128) -> Encoder:
         return Encoder.from_model(self.transformer, self.tokenizer, name=self.hparams.model_name_or_path,
                                   batch_size=batch_size, max_length=self.max_length,
-                                  input_embedder=self.input_embedder, autocast="auto")
+                                  input_embedder=self.input_embedder)
 
     # -- optimisation ---------------------------------------------------------------------------------------------
 
@@ -308,16 +299,31 @@ class PromptContrastiveModule(pl.LightningModule):
         clipped: under DDP they clip the mean of the per-rank gradients, the full-batch gradient divided by the
         world size, while the gradient here is the full-batch one itself (`training_step` scales the loss by the
         world size). The threshold is scaled by the world size, so the same steps are clipped by the same factor
-        (AdamW does not see the gradient's overall scale); one process: unchanged."""
+        (AdamW does not see the gradient's overall scale); one process: unchanged.
+
+        Without a GradScaler (32-true, bf16-mixed) the gradients are clipped here with torch's own functions, what
+        Lightning's 32-bit plugin does; its mixed-precision plugin would refuse fused AdamW even under bf16, where
+        there is nothing to unscale. With a GradScaler (16-mixed), Lightning has unscaled them before this hook and
+        its plugin clips (the device profile never picks a fused optimiser there)."""
         if not gradient_clip_val:
             return
         algorithm = GradClipAlgorithmType((gradient_clip_algorithm or "norm").lower())
-        self.trainer.precision_plugin.clip_gradients(optimizer, gradient_clip_val * world_size(), algorithm)
+        threshold = gradient_clip_val * world_size()
+        plugin = self.trainer.precision_plugin
+        if getattr(plugin, "scaler", None) is not None:
+            plugin.clip_gradients(optimizer, threshold, algorithm)
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if algorithm == GradClipAlgorithmType.NORM:
+            torch.nn.utils.clip_grad_norm_(params, threshold)
+        else:
+            torch.nn.utils.clip_grad_value_(params, threshold)
 
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
             raise ConfigError(f"{type(self).__name__} has no trainable parameters")
-        optimizer = self.optimizer_factory(params, **optimizer_options(self.optimizer_factory, self.device))
+        # fused / foreach AdamW: chosen by the device profile (common/device_profile.py)
+        optimizer = self.optimizer_factory(params, **profile_of(self.trainer).optimizer_options(self.optimizer_factory))
         scheduler = self.scheduler_factory(optimizer, max(1, int(self.trainer.estimated_stepping_batches)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -188,7 +188,7 @@ class PromptEOLSup(PromptContrastiveModule):
     def evaluation_encoder(self, batch_size: int = 128) -> Encoder:
         return Encoder.from_model(self.transformer, self.tokenizer, name=self.hparams.model_name_or_path,
                                   batch_size=batch_size, max_length=self.max_length,
-                                  padding_side=self.hparams.padding_side, autocast="auto")
+                                  padding_side=self.hparams.padding_side)
 
     def embed(self, sentences: list[str]) -> torch.Tensor:
         """[N, D] evaluation embeddings (eval mode, no gradient) of raw sentences with the evaluation template."""

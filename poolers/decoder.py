@@ -7,6 +7,8 @@ Each method's defaults are its paper's / official code's (recorded in provenance
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from promptemb.common.errors import ConfigError
@@ -14,6 +16,7 @@ from promptemb.encoder.decoder import EXAMPLE_TEMPLATE, PLACEHOLDER, last_positi
 from promptemb.encoder.decoder_forms import ContrastivePrompting, DecoderForm, TokenPrepending
 from promptemb.encoder.inputs import POOLED, InputForm
 from promptemb.encoder.outputs import EncoderOutput
+from promptemb.encoder.placeholder import check_placeholder, resolve_placeholder
 from promptemb.encoder.template import Template
 from promptemb.poolers.base import Needs, Pooler, masked_mean
 
@@ -108,19 +111,23 @@ class LastTokenPooler(Pooler):
 class TokenPrependingPooler(LastTokenPooler):
     """Token Prepending (Fu et al. 2025): e = h^(l)_T of a template with a `<PST>` slot before the sentence; before
     each block i with `start` <= i < `exit` (0-based) the `<PST>` input is overwritten with that block's input at the
-    last token, so earlier tokens see a summary of the whole sentence; block 0 sees the `<PST>` embedding (N(0, 1),
-    seeded). Defaults: the official config for LLaMA-2-7B (`output_layer` 27 = a raw intermediate layer, start 1,
-    exit 7); smaller models need smaller values (pooler_args)."""
+    last token, so earlier tokens see a summary of the whole sentence; block 0 sees the `<PST>` embedding.
+    `placeholder` picks that embedding: `auto` (default) the model's own `<PST>` row when its tokenizer has the token,
+    else N(0, 1) drawn with `seed`; `tokenizer` that row or a refusal; `random` the draw; a `.npy` path that vector.
+    Defaults: the official config for LLaMA-2-7B (`output_layer` 27 = a raw intermediate layer, start 1, exit 7);
+    smaller models need smaller values (pooler_args)."""
 
     def __init__(self, name: str = "token_prepending", layer: int = 27, template: str = TOKEN_PREPENDING_PROMPTEOL,
                  sentence_rule: str = "prompteol", start: int = 1, exit: int = 7, seed: int = 3407,
-                 paper: str = "Fu et al. 2025, Token Prepending"):
+                 placeholder: str = "auto", paper: str = "Fu et al. 2025, Token Prepending"):
         if PLACEHOLDER not in template:
             raise ConfigError(f"pooler {name!r}: template {template!r} has no {PLACEHOLDER} slot; write one before "
                               f"the sentence, e.g. '{TOKEN_PREPENDING_PROMPTEOL}'")
         if not 0 <= start < exit:
             raise ConfigError(f"pooler {name!r}: Token Prepending needs 0 <= start < exit, got start={start}, "
                               f"exit={exit}")
+        self.placeholder = placeholder
+        self.placeholder_file = check_placeholder(name, placeholder)
         super().__init__(name, layer, template, sentence_rule, paper,
                          DecoderForm(prepending=TokenPrepending(start, exit, seed)))
 
@@ -129,6 +136,16 @@ class TokenPrependingPooler(LastTokenPooler):
         if self.decoder.prepending.start >= depth:
             raise ConfigError(f"pooler {self.name!r}: start block {self.decoder.prepending.start} is out of range "
                               f"for a model with {depth} blocks (0..{depth - 1})")
+
+    def bind_encoder(self, encoder) -> None:
+        """The `<PST>` vector of this model (its row, the file's vector checked against its size, or the draw)."""
+        prepending = self.decoder.prepending
+        vector = resolve_placeholder(self.name, self.placeholder, self.placeholder_file, prepending.seed,
+                                     encoder.tokenizer, encoder.transformer)
+        self.decoder = DecoderForm(prepending=replace(prepending, vector=vector))
+
+    def arguments(self) -> dict:
+        return {**super().arguments(), "placeholder": self.placeholder}
 
 
 class ContrastivePromptingPooler(LastTokenPooler):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from promptemb.common.errors import ConfigError
@@ -21,10 +21,12 @@ from promptemb.poolers.decoder import (
     TokenPrependingPooler,
 )
 from promptemb.poolers.ditto import DittoPooler
+from promptemb.poolers.ensemble import EnsemblePooler
 from promptemb.poolers.idf import IdfPooler
 from promptemb.poolers.mask import MaskPooler
 from promptemb.poolers.mask_topk import MaskTopKPooler
 from promptemb.poolers.mean import MeanPooler
+from promptemb.poolers.prompteol_icl import DEFAULT_DEMONSTRATION, DemonstrationPooler
 from promptemb.poolers.random_embeddings import RandomEmbeddingPooler
 from promptemb.poolers.remove_biases import RemoveBiasesPooler
 from promptemb.poolers.sbert_wk import SBERTWKPooler
@@ -64,11 +66,18 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "echo_mean": (EchoPooler, {"strategy": "mean"}),
     "token_prepending": (TokenPrependingPooler, {}),
     "contrastive_prompting": (ContrastivePromptingPooler, {}),
+    "prompteol_icl": (DemonstrationPooler, {}),
+    # ensembles: `ensemble` takes its members from pooler_args (`NAME+NAME` is the same without arguments)
+    "ensemble": (EnsemblePooler, {}),
+    "ck": (EnsemblePooler, {"members": ["ke", "pcot"], "layer": -1,
+                            "paper": "Cheng et al. 2025, CK (zifengcheng/CP --prompt_method ck)"}),
 }
 POOLER_NAMES = tuple(_REGISTRY)
 #: `NAME@LAYER` (e.g. `prompteol@-2`, `mean@3`) builds pooler NAME at hidden-state index LAYER, so one run can score a
 #: method at several layers side by side
 LAYER_SEPARATOR = "@"
+#: `NAME+NAME` (e.g. `pcot+ke`, `prompteol+echo@-2`) is the plain-mean ensemble of those poolers
+ENSEMBLE_SEPARATOR = "+"
 
 
 def split_layer(name: str) -> tuple[str, int | None]:
@@ -126,38 +135,126 @@ PAPERS: dict[str, str] = {
                         'Embeddings from LLMs"',
     "contrastive_prompting": 'Cheng et al. (2025), "Contrastive Prompting Enhances Sentence Embeddings in LLMs through '
                              'Inference-Time Steering"',
+    "prompteol_icl": f"{_PROMPTEOL}, §3.2 in-context learning: PromptEOL after one demonstration (the official "
+                     f"run_icl.sh's, {DEFAULT_DEMONSTRATION} by default)",
+    "ensemble": "a prompt ensemble: the (weighted) mean of its member poolers' embeddings, as MetaEOL (Lei et al. "
+                "2024) and CK (Cheng et al. 2025) average prompts",
+    "ck": 'Cheng et al. (2025), "Contrastive Prompting Enhances Sentence Embeddings in LLMs through Inference-Time '
+          'Steering": CK, the mean of the Knowledge Enhancement and Pretended CoT prompts at one layer',
 }
+
+
+def is_ensemble(name: str) -> bool:
+    """Whether `name` builds an ensemble: `NAME+NAME`, or a registered ensemble (`ensemble`, `ck`, `ck@-2`)."""
+    if ENSEMBLE_SEPARATOR in name:
+        return True
+    base = split_layer(name)[0]
+    return base in _REGISTRY and _REGISTRY[base][0] is EnsemblePooler
+
+
+def ensemble_members(name: str, arguments: Mapping[str, Any] | None = None) -> list[str]:
+    """The member names of ensemble `name` with its own pooler_args `arguments` (unchecked; [] when none given)."""
+    if ENSEMBLE_SEPARATOR in name:
+        return name.split(ENSEMBLE_SEPARATOR)
+    members = dict(arguments or {}).get("members", _REGISTRY[split_layer(name)[0]][1].get("members"))
+    return [str(member) for member in members] if isinstance(members, Sequence) and not isinstance(members, str) \
+        else []
+
+
+def _check_name(name: str) -> None:
+    for part in name.split(ENSEMBLE_SEPARATOR):
+        base = split_layer(part)[0]
+        if not part:
+            raise ConfigError(f"pooler {name!r} is malformed: join member poolers with {ENSEMBLE_SEPARATOR!r}, e.g. "
+                              "pcot+ke")
+        if base not in _REGISTRY:
+            what = f"unknown pooler {base!r}" + (f" in ensemble {name!r}" if part != name else "")
+            raise ConfigError(f"{what}; valid poolers: {', '.join(POOLER_NAMES)}")
 
 
 def pooler_class(name: str) -> type[Pooler]:
     """The class behind a registered name (to inspect its arguments without building it)."""
-    name = split_layer(name)[0]
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown pooler {name!r}; valid poolers: {', '.join(POOLER_NAMES)}")
-    return _REGISTRY[name][0]
+    _check_name(name)
+    return EnsemblePooler if ENSEMBLE_SEPARATOR in name else _REGISTRY[split_layer(name)[0]][0]
 
 
-def build_pooler(name: str, **overrides: Any) -> Pooler:
+def build_pooler(name: str, *, member_args: Mapping[str, Mapping[str, Any]] | None = None,
+                 **overrides: Any) -> Pooler:
+    """Pooler `name` (`NAME`, `NAME@LAYER` or `NAME+NAME...`) with its `overrides`; an ensemble's members get
+    their own `member_args[member]` (the run's pooler_args)."""
+    _check_name(name)
+    if is_ensemble(name):
+        return _build_ensemble(name, overrides, dict(member_args or {}))
     base, layer = split_layer(name)
     if layer is None:
         return build_named(_REGISTRY, "pooler", "valid poolers", name, overrides)
-    if base not in _REGISTRY:
-        raise ConfigError(f"unknown pooler {base!r}; valid poolers: {', '.join(POOLER_NAMES)}")
     if "layer" not in inspect.signature(_REGISTRY[base][0]).parameters:
         raise ConfigError(f"pooler {name!r}: {base!r} has no single layer to set; use pooler_args.{base}")
     return build_named({name: _REGISTRY[base]}, "pooler", "valid poolers", name, {**overrides, "layer": layer})
 
 
+def _build_ensemble(name: str, overrides: Mapping[str, Any], member_args: dict) -> EnsemblePooler:
+    """The members first (each with the run's pooler_args for its name, at the ensemble's shared `layer` if set),
+    then the ensemble over them."""
+    joined = ENSEMBLE_SEPARATOR in name
+    base, at_layer = (name, None) if joined else split_layer(name)
+    arguments = {**({} if joined else _REGISTRY[base][1]), **overrides}
+    if at_layer is not None:
+        arguments["layer"] = at_layer
+    if joined and "members" in arguments:
+        raise ConfigError(f"pooler {name!r} names its members; drop pooler_args.{name}.members")
+    members = ensemble_members(name, arguments)
+    arguments.pop("members", None)
+    if not members:
+        raise ConfigError(f"pooler {name!r} needs its member poolers: +pooler_args.{name}.members=[pcot,ke], or "
+                          f"write them joined by {ENSEMBLE_SEPARATOR!r}: poolers=[pcot+ke]")
+    for member in members:
+        _check_name(member)
+        if is_ensemble(member):
+            raise ConfigError(f"pooler {name!r}: member {member!r} is itself an ensemble; list its members instead")
+    if len(set(members)) != len(members):
+        raise ConfigError(f"pooler {name!r} lists a member twice ({members}); give it a larger weight instead")
+    layer = arguments.get("layer")
+    built = []
+    for member in members:
+        extra = dict(member_args.get(member, {}))
+        if layer is not None:
+            if split_layer(member)[1] is not None or "layer" in extra:
+                raise ConfigError(f"pooler {name!r} sets one layer ({layer}) for all its members, and member "
+                                  f"{member!r} sets its own; drop one of them")
+            if "layer" not in inspect.signature(_REGISTRY[member][0]).parameters:
+                raise ConfigError(f"pooler {name!r}: member {member!r} has no single layer to set to {layer}")
+            extra["layer"] = layer
+        built.append(build_pooler(member, **extra))
+    try:
+        return EnsemblePooler(name=name, members=built, **arguments)
+    except TypeError as err:
+        raise ConfigError(f"bad arguments for pooler {name!r}: {err}") from None
+
+
+def argument_names(names: Sequence[str], pooler_args: Mapping[str, Any] | None = None) -> set[str]:
+    """The names `pooler_args` may configure for these poolers: the names and their ensembles' members."""
+    pooler_args = dict(pooler_args or {})
+    known = set(names)
+    for name in names:
+        if is_ensemble(name):
+            known.update(ensemble_members(name, pooler_args.get(name)))
+    return known
+
+
 def build_poolers(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pooler]:
     pooler_args = dict(pooler_args or {})
-    unknown = [name for name in names if split_layer(name)[0] not in _REGISTRY]
-    if unknown:
-        raise ConfigError(f"unknown pooler {', '.join(unknown)}; valid poolers: {', '.join(POOLER_NAMES)}")
     if not names:
         raise ConfigError(f"no poolers given; valid poolers: {', '.join(POOLER_NAMES)}")
+    unknown = [name for name in names if ENSEMBLE_SEPARATOR not in name and split_layer(name)[0] not in _REGISTRY]
+    if unknown:
+        raise ConfigError(f"unknown pooler {', '.join(unknown)}; valid poolers: {', '.join(POOLER_NAMES)}")
+    for name in names:
+        _check_name(name)
     if len(set(names)) != len(names):
         raise ConfigError(f"pooler listed twice in {list(names)}")
-    stray = set(pooler_args) - set(names)
+    stray = set(pooler_args) - argument_names(names, pooler_args)
     if stray:
-        raise ConfigError(f"pooler_args given for {', '.join(sorted(stray))}, which is not in poolers={list(names)}")
-    return [build_pooler(name, **dict(pooler_args.get(name, {}))) for name in names]
+        raise ConfigError(f"pooler_args given for {', '.join(sorted(stray))}, which is not in poolers={list(names)}"
+                          " (nor a member of an ensemble there)")
+    return [build_pooler(name, member_args=pooler_args, **dict(pooler_args.get(name, {}))) for name in names]

@@ -51,6 +51,57 @@ def last_token_reference(model, tokenizer, sentences, templates, layer: int) -> 
     return outputs.view(-1, len(templates), outputs.size()[1]).mean(dim=1)
 
 
+#: zifengcheng/CP@bf5ee560263e8876b67a3fdf4f67ff7c46f60f50 evaluate_intervention.py, `--prompt_method ck`, verbatim
+CP_CK_PROMPTS = [
+    'The essence of a sentence is often captured by its main subjects and actions, while descriptive terms provide '
+    'additional but less central details. With this in mind , this sentence : \"*sent 0*\" means in one word:\"',
+    'After thinking step by step , this sentence : \"*sent 0*\" means in one word:\"',
+]
+
+
+@torch.no_grad()
+def ck_reference(model, tokenizer, sentences, output_layer: int = -1) -> torch.Tensor:
+    """zifengcheng/CP@bf5ee56 evaluate_intervention.py `batcher` with `--prompt_method ck` and no intervention: per
+    sentence the official rule, then both prompts (`prompt.replace('*sent 0*', s).strip()`), one left-padded batch of
+    all rows, `hidden_states[args.output_layer][:, -1, :]` (one layer for both prompts: the script sets -2 for `ke`
+    alone, not for `ck`), `view(-1, len(task_prompts), D).mean(dim=1)`."""
+    tokenizer = left_padded(tokenizer)
+    task_prompts = CP_CK_PROMPTS
+    new_sentences = []
+    for s in sentences:
+        if len(s) > 0 and s[-1] not in '.?"\'':
+            s += '.'
+        s = s.replace('"', '\'')
+        if len(s) > 0 and '?' == s[-1]:  # noqa: SIM300 (the official line)
+            s = s[:-1] + '.'
+        for prompt in task_prompts:
+            new_sentences.append(prompt.replace('*sent 0*', s).strip())
+    batch = tokenizer(new_sentences, return_tensors="pt", padding=True)  # v4 batch_encode_plus
+    hidden_states = model(output_hidden_states=True, return_dict=True, **batch).hidden_states
+    outputs = hidden_states[output_layer][:, -1, :]
+    return outputs.view(-1, len(task_prompts), outputs.size()[1]).mean(dim=1)
+
+
+def scaling_sentemb_batch(tokenizer, sentences, mask_embedding_sentence_template: str) -> dict:
+    """kongds/scaling_sentemb@8567aa0 evaluation.py `batcher` with `--mask_embedding_sentence` and a template as
+    run_icl.sh passes it (`_` for spaces): `_` -> space, `*sep+*` / `*cls*` dropped, the official rule per sentence,
+    `template.replace('*sent 0*', s).strip()`, one left-padded `batch_encode_plus` (special tokens on)."""
+    tokenizer = left_padded(tokenizer)
+    sentences = list(sentences)
+    template = mask_embedding_sentence_template
+    template = template.replace('_', ' ').replace('*sep+*', '').replace('*cls*', '')
+    for i, s in enumerate(sentences):
+        sentences[i] = template.replace('*sent 0*', official_sentence(s)).strip()
+    return tokenizer(sentences, return_tensors="pt", padding=True)
+
+
+@torch.no_grad()
+def scaling_sentemb_reference(model, tokenizer, sentences, mask_embedding_sentence_template: str) -> torch.Tensor:
+    """The same batcher's embedding: `hidden_states[-1][:, -1, :]`."""
+    batch = scaling_sentemb_batch(tokenizer, sentences, mask_embedding_sentence_template)
+    return model(output_hidden_states=True, return_dict=True, **batch).hidden_states[-1][:, -1, :]
+
+
 @torch.no_grad()
 def echo_reference(base_model, tokenizer, sentences, template: str, strategy: str, max_length=None) -> torch.Tensor:
     """jakespringer/echo-embeddings@c752c4641d3e78378934e860ac76843f8a5d1880 echo_embeddings.py: `EchoParser`
@@ -97,11 +148,12 @@ def echo_reference(base_model, tokenizer, sentences, template: str, strategy: st
 
 @torch.no_grad()
 def token_prepending_reference(causal_lm, tokenizer, sentences, template: str, layer: int, start: int, exit: int,
-                               seed: int) -> torch.Tensor:
+                               seed: int | None = None, row: torch.Tensor | None = None) -> torch.Tensor:
     """fuyuchenIfyw/token_prepending@cc41b58696d6dceed9a92a840231728ad1d5b58b: evaluate.py adds `<PST>` to the
-    tokenizer, resizes the embeddings and writes a N(0, 1) row (here drawn from the seeded generator the framework
-    uses); senllm/modeling_llama.py `LlamaModel.forward` with plan "tp": positions `arange(T)`, and before block
-    `index` with start <= index < exit, `hidden_states[arange(B), pst] = hidden_states[:, -1, :]` (first `<PST>` by
+    tokenizer (a no-op when it has the token), resizes the embeddings and writes a N(0, 1) row (here drawn from the
+    seeded generator the framework uses, or the given `row`: the official method with that row);
+    senllm/modeling_llama.py `LlamaModel.forward` with plan "tp": positions `arange(T)`, and before block `index` with
+    start <= index < exit, `hidden_states[arange(B), pst] = hidden_states[:, -1, :]` (first `<PST>` by
     `argmax`), then the final norm; the batcher takes `hidden_states[output_layer][:, -1, :]`."""
     from transformers.masking_utils import create_causal_mask
 
@@ -111,7 +163,9 @@ def token_prepending_reference(causal_lm, tokenizer, sentences, template: str, l
     model = copy.deepcopy(causal_lm)
     model.resize_token_embeddings(len(tokenizer))
     embedding_layer = model.get_input_embeddings()
-    embedding_layer.weight[placeholder_token_id] = placeholder_embedding(seed, embedding_layer.weight.shape[1])
+    if row is None:
+        row = placeholder_embedding(seed, embedding_layer.weight.shape[1])
+    embedding_layer.weight[placeholder_token_id] = row
     texts = [official_template(template).replace("*sent 0*", official_sentence(s)).strip() for s in sentences]
     batch = tokenizer(texts, return_tensors="pt", padding=True)  # v4 batch_encode_plus
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from pydantic import BaseModel
 
 from promptemb.common.bounds import AtLeastOne, Seed
+from promptemb.common.device_profile import check_clipping
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_folder import nothing_left_on_user_error
 from promptemb.common.validation import (
@@ -57,6 +58,7 @@ def _check_train(cfg: DictConfig) -> None:
     check_compile(bool(trainer.get("compile")), trainer.get("accelerator"))
     model = container.get("model") or {}
     check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
+    check_clipping(trainer.get("precision"), trainer.get("gradient_clip_val"), container.get("optimizer") or {})
     if hasattr(recipe := target_of(model), "check_config"):
         recipe.check_config(model)
     if trainer.get("compile") and hasattr(recipe, "check_compile"):

@@ -1,10 +1,14 @@
-"""The Lightning Trainer train.py builds (configs/trainer/): pytorch_lightning.Trainer plus the GPU-path settings.
+"""The Lightning Trainer train.py builds (configs/trainer/): pytorch_lightning.Trainer plus the device profile.
 
-* TF32 matmuls and convolutions whenever the trainer runs on CUDA (fp32 parameters and bf16-mixed's fp32 parts run
-  on tensor cores; the mantissa lost is far below bf16's);
-* `compile: true`: the backbone (`module.transformer`) compiled in place with torch.compile when fit starts
-  (nn.Module.compile keeps parameter names, so checkpoints and exports are unchanged). The first steps pay the
-  compilation; refused before any work where it cannot run (`check_compile`).
+* `device_profile` (common/device_profile.py): every device-dependent choice of the run (AdamW implementation,
+  clipping, TF32 in training, loader workers, pinned memory, evaluation precision), decided once from the trainer's
+  accelerator, precision, clipping and compile settings; a CUDA command rehearsed on the CPU
+  (`PROMPTEMB_REHEARSE_CUDA=1`) gets the CUDA profile and Lightning's CPU accelerator;
+* `compile: true`: the transformer call of the module's training step compiled with torch.compile when fit starts
+  (the recipe's `compile_training_forward`: static shapes on inputs padded to a few widths, so a bounded number of
+  graphs; evaluation stays eager; parameter names, checkpoints and exports unchanged). The first steps that meet
+  each width pay its compilation; refused before any work where it cannot run (`check_compile`, and the decoder
+  recipe's own `check_compile`).
 """
 
 from __future__ import annotations
@@ -12,21 +16,12 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import pytorch_lightning as pl
-import torch
 from annotated_types import Ge
 
 from promptemb.common.bounds import AtLeastOne, NonNegative
 from promptemb.common.compilation import check_compile_works
+from promptemb.common.device_profile import DeviceProfile
 from promptemb.common.validation import declare_hints
-
-
-def enable_tf32(device: torch.device) -> bool:
-    """TF32 on for CUDA matmuls and cuDNN convolutions when `device` is a CUDA device; whether it was turned on."""
-    if device.type != "cuda":
-        return False
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    return True
 
 
 def check_compile(compile: bool, accelerator: str | None) -> None:
@@ -46,10 +41,18 @@ class Trainer(pl.Trainer):
     def __init__(self, *args, compile: bool = False, **kwargs):
         """`compile`: torch.compile the backbone (see the module docstring); every other argument is
         pytorch_lightning.Trainer's."""
+        planned = DeviceProfile.for_trainer_settings(kwargs.get("accelerator"), kwargs.get("precision"))
+        kwargs["accelerator"], kwargs["devices"] = planned.lightning_device_settings(
+            kwargs.get("accelerator", "auto"), kwargs.get("devices", "auto"))
         if compile:
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), CompileBackbone()]
         super().__init__(*args, **kwargs)
-        self.tf32 = enable_tf32(self.strategy.root_device)
+        # made again from what Lightning resolved (`auto` accelerator and precision)
+        profile = DeviceProfile(planned.kind if planned.rehearsal else self.strategy.root_device.type,
+                                str(self.precision), clipping=bool(self.gradient_clip_val), compile=compile,
+                                rehearsal=planned.rehearsal)
+        self.device_profile = profile
+        self.tf32 = profile.apply_training_matmul_precision()
 
 
 #: Lightning's own hints say `int` or `str`; these are the values it accepts (`gpu`/`cuda`/`mps` are checked against

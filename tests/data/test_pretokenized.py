@@ -26,6 +26,9 @@ from tests.lightning_modules.test_grad_cache import TRIPLETS
 SENTENCES = ["A man plays a guitar", "short", "two dogs run in a field while a plane lands at night and the "
              "crowd watches the whole long show without a pause", "Is it raining?", "the sun is shining .",
              "a child reads a book on the sofa", "stocks fell sharply on monday", "short"]
+#: Text a tokenizer front end could treat differently: special-token text, accents, other scripts, odd spacing.
+TRICKY = ["a [MASK] in the text <mask> and [SEP]", "Café Zürich naïve résumé", "日本語の文 ελληνικά", "  spaced\tout  ",
+          "", "ends with a quote\"", "Is it?", "x" * 300]
 TEMPLATES = ['This sentence : "[X]" means [MASK] .', 'This sentence : "[X]" means [MASK] [MASK] .', "[X] [MASK]",
              "[MASK] [X]"]
 
@@ -48,7 +51,10 @@ def test_wrapped_ids_equal_the_on_the_fly_inputs(model, template, rule, request)
     for max_tokens in (None, 4):
         builder = InputBuilder(tokenizer, InputForm(Template(template), rule, max_tokens), 64)
         want = collate(builder.build(SENTENCES), tokenizer.pad_token_id, tokenizer.mask_token_id)
-        stored = SentenceTokenization.for_builders([builder])(SENTENCES)
+        tokenization = SentenceTokenization.for_builders([builder])
+        stored = tokenization(SENTENCES)
+        # what worker processes compute from the Rust backend alone, without transformers
+        assert tokenization.sentence_ids()(SENTENCES + TRICKY) == tokenization(SENTENCES + TRICKY)
         assert max(len(ids) for ids in stored) <= builder.max_sentence_tokens + 1
         assert [i.truncated for i in builder.build_from_ids(stored)] == [i.truncated for i in builder.build(SENTENCES)]
         padded = pad_sentence_ids(stored)
@@ -179,9 +185,9 @@ def test_datamodule_sampling_options_reach_the_sampler(tiny_bert, tmp_path):
     dm = _datamodule(tmp_path, group_by_length=True, distinct_in_batch=True)
     dm.use_tokenization(module.sentence_tokenization())
     dm.setup("fit")
-    assert dm.example_lengths() == [len(ids) for ids in module.sentence_tokenization()(dm.examples)]
+    assert dm.example_lengths().tolist() == [len(ids) for ids in module.sentence_tokenization()(list(dm.examples))]
     sampler = dm.train_dataloader().sampler
-    assert sampler.lengths is not None and sampler.keys == dm.duplicate_keys()
+    assert sampler.lengths is not None and sampler.keys == dm.duplicate_keys().tolist()
     for batch in dm.train_dataloader():  # 7 distinct sentences, batches of 4: never a duplicate in a batch
         rows = [tuple(ids[:n].tolist()) for ids, n in zip(batch["ids"], batch["lengths"], strict=True)]
         assert len(set(rows)) == len(rows)

@@ -121,3 +121,47 @@ def test_train_throughput_rehearses_the_gpu_command_on_the_cpu(tiny_bert, real_d
     assert result["setup"]["compile"] and result["setup"]["precision"] == "bf16-mixed"
     assert result["measured_by"] == "loop" and result["loop"]["steps"] == 2 and result["loop"]["warmup_seconds"] > 0
     assert result["loop"]["model_flops_per_step"] == result["phases"]["model_flops_per_step"] > 0
+
+
+def test_gpu_validation_rehearses_a_recipe_on_the_cpu(real_data_root, tmp_path, monkeypatch):
+    """`--rehearse` runs a CUDA part through its real code path on the CPU: the recipe's `train.py ... trainer=gpu`
+    process with the CUDA device profile, a tiny model of its family, 2 steps, the step timer's record."""
+    from bench import gpu_validation
+
+    monkeypatch.setenv("PROMPTEMB_DATA", str(real_data_root))
+    monkeypatch.delenv("PROMPTEMB_REHEARSE_CUDA", raising=False)
+    monkeypatch.setattr(gpu_validation, "RECIPES", {"promptbert_unsup": "bert"})
+    arguments = ["--rehearse", "--parts", "recipes", "--recipes-limit", "1200", "--out", str(tmp_path)]
+    assert gpu_validation.main(arguments) == 0
+    report = json.loads((tmp_path / "gpu_validation.json").read_text())
+    assert report["rehearsal"] and report["device"] == "CPU (no CUDA), rehearsing the CUDA profile"
+    run = report["parts"]["recipes"]["runs"]["promptbert_unsup"]
+    assert run["exit_code"] == 0 and "experiment=promptbert_unsup trainer=gpu" in run["command"]
+    assert run["result"]["optimizer_steps"] == 2 and run["result"]["steps_per_s"] > 0
+    assert "| promptbert_unsup | 0 |" in (tmp_path / "gpu_validation.md").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_validation_rehearses_every_gpu_command(real_data_root, tmp_path):
+    """Every recipe's GPU command, the throughput runs and the quickstart, rehearsed on the CPU (tiny models of each
+    family, 2 steps): each exits 0."""
+    bench("gpu_validation.py", "--rehearse", "--parts", "recipes,throughput,quickstart", "--out", tmp_path,
+          "--recipes-limit", "1500", "--throughput-limit", "600", "--quickstart-limit", "600",
+          data_root=real_data_root)
+    report = json.loads((tmp_path / "gpu_validation.json").read_text())
+    runs = report["parts"]["recipes"]["runs"]
+    assert set(runs) == {"promptbert_unsup", "promptbert_unsup_roberta", "promptbert_sup", "promptbert_sup_roberta",
+                         "optiprompt", "optiprompt_roberta", "prompteol_sup"}
+    for part in ("recipes", "throughput"):
+        for name, run in report["parts"][part]["runs"].items():
+            assert run["exit_code"] == 0, (name, run["tail"])
+    assert report["parts"]["quickstart"]["exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_corpus_preparation(real_data_root):
+    out = bench("corpus_preparation.py", "--lines", 3000, 60000, "--processes", 2, data_root=real_data_root)
+    assert re.search(r"^ +60,000 lines \([\d.]+ GiB\), 6 held-out lines dropped", out, re.M)
+    prepare = re.findall(r"prepare +[\d.]+ s wall .*peak over (\d+) processes: RSS ([\d.]+) GiB", out)
+    assert len(prepare) == 2 and int(prepare[1][0]) == 3  # the main process and its 2 workers at 60,000 lines
+    assert len(re.findall(r"training start +[\d.]+ s wall", out)) == 2

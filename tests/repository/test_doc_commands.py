@@ -91,6 +91,7 @@ SCRIPT_SHORT = {
     # without CUDA it refuses the GPU parts in one line and runs the rest: the evaluation suite, here on one task
     "bench/gpu_validation.py": [(r"$", " --parts suite --suite-tasks STSBenchmark")],
     "bench/encode_throughput.py": [],                                # its synopsis above is concrete already
+    "bench/corpus_preparation.py": [(r"--lines [\d ]+", "--lines 3000 ")],
     "promptemb.research.template_search": [(r"--register (\S+)", r"--register \1 --configs-dir configs"),
                                           (r"$", " --model {tiny}")],
     "promptemb.research.layer_sweep": [(r"$", " --model {tiny}")],

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from promptemb.data import pretokenized
-from promptemb.data.pretokenized import RECORD_FILE, SentenceTokenization, pretokenized_corpus
+from promptemb.data import table_cache
+from promptemb.data.pretokenized import SentenceTokenization, pretokenized_corpus
+from promptemb.data.table_cache import RECORD_FILE
 from tests import cache_builder_worker
 from tests.cache_builder_worker import SENTENCES, tokenization_of
 from tests.faults import listing, run_entry
@@ -72,7 +73,7 @@ def damage_warnings(caplog) -> list[str]:
 def test_a_damaged_cache_is_rebuilt_with_one_warning(tokenization, tmp_path, caplog, fault):
     expected = rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path))
     damage(tmp_path, fault)
-    with caplog.at_level(logging.WARNING, logger=pretokenized.__name__):
+    with caplog.at_level(logging.WARNING, logger=table_cache.__name__):
         rebuilt = pretokenized_corpus(SENTENCES, tokenization, tmp_path)
     (warning,) = damage_warnings(caplog)
     assert FAULTS[fault] in warning and "rebuilding it" in warning and "\n" not in warning
@@ -85,20 +86,20 @@ def test_a_damaged_cache_is_rebuilt_with_one_warning(tokenization, tmp_path, cap
 
 def test_large_caches_are_checked_by_size_and_rows_and_hashed_on_request(tokenization, tmp_path, caplog,
                                                                          monkeypatch):
-    monkeypatch.setattr(pretokenized, "FULL_CHECK_BYTES", 0)  # every cache counts as large
+    monkeypatch.setattr(table_cache, "FULL_CHECK_BYTES", 0)  # every cache counts as large
     expected = rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path))
     damage(tmp_path, "truncated")
-    with caplog.at_level(logging.WARNING, logger=pretokenized.__name__):
+    with caplog.at_level(logging.WARNING, logger=table_cache.__name__):
         assert rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path)) == expected  # size: always checked
     assert len(damage_warnings(caplog)) == 1
     damage(tmp_path, "random_bytes")  # same size: found by the hash of the file's start and end
-    with caplog.at_level(logging.WARNING, logger=pretokenized.__name__):
+    with caplog.at_level(logging.WARNING, logger=table_cache.__name__):
         assert rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path)) == expected
     assert len(damage_warnings(caplog)) == 2 and "of its start and end" in damage_warnings(caplog)[-1]
-    monkeypatch.setattr(pretokenized, "EDGE_BYTES", 1024)  # (this small table is all edges otherwise)
+    monkeypatch.setattr(table_cache, "EDGE_BYTES", 1024)  # (this small table is all edges otherwise)
     pretokenized_corpus(SENTENCES, tokenization, tmp_path)  # rebuilt with edges of the new size
     damage(tmp_path, "zeroed_4kb")  # in the middle, same size: found by the full hash, which verify=True asks for
-    with caplog.at_level(logging.WARNING, logger=pretokenized.__name__):
+    with caplog.at_level(logging.WARNING, logger=table_cache.__name__):
         assert rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path, verify=True)) == expected
     assert len(damage_warnings(caplog)) == 4
 
@@ -106,7 +107,7 @@ def test_large_caches_are_checked_by_size_and_rows_and_hashed_on_request(tokeniz
 def test_concurrent_threads_over_a_damaged_cache_agree(tokenization, tmp_path, caplog):
     expected = rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path))
     damage(tmp_path, "random_bytes")
-    with caplog.at_level(logging.WARNING, logger=pretokenized.__name__), ThreadPoolExecutor(3) as pool:
+    with caplog.at_level(logging.WARNING, logger=table_cache.__name__), ThreadPoolExecutor(3) as pool:
         tables = list(pool.map(lambda _: pretokenized_corpus(SENTENCES, tokenization, tmp_path), range(3)))
     assert all(rows(table) == expected for table in tables) and 1 <= len(damage_warnings(caplog)) <= 3
     assert len(list((tmp_path / "pretokenized").iterdir())) == 1  # one cache, no staging or damaged folder left
@@ -116,7 +117,7 @@ def test_a_cache_file_vanishing_mid_check_is_a_rebuild_not_a_traceback(tokenizat
     """The race the threads above can hit: another builder moves the damaged cache aside between the record read and
     a file's stat (emulated: the first edge hash finds its file gone)."""
     expected = rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path))
-    original, calls = pretokenized.edges_sha256, []
+    original, calls = table_cache.edges_sha256, []
 
     def vanishing(path):
         calls.append(path)
@@ -124,8 +125,8 @@ def test_a_cache_file_vanishing_mid_check_is_a_rebuild_not_a_traceback(tokenizat
             raise FileNotFoundError(2, "No such file or directory", str(path))
         return original(path)
 
-    monkeypatch.setattr(pretokenized, "edges_sha256", vanishing)
-    with caplog.at_level(logging.WARNING, logger=pretokenized.__name__):
+    monkeypatch.setattr(table_cache, "edges_sha256", vanishing)
+    with caplog.at_level(logging.WARNING, logger=table_cache.__name__):
         assert rows(pretokenized_corpus(SENTENCES, tokenization, tmp_path)) == expected
     assert [w for w in damage_warnings(caplog) if "its files changed while being checked (No such file" in w]
     assert len(list((tmp_path / "pretokenized").iterdir())) == 1

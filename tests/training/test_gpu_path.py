@@ -19,16 +19,17 @@ from torch.utils.data import DataLoader
 
 from bench import gpu_validation
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
+from promptemb.common.device_profile import DeviceProfile, exact_matmuls, matmul_precision, set_matmul_precision
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.lightning_modules import base
-from promptemb.lightning_modules.base import optimizer_options
 from promptemb.lightning_modules.grad_cache import TemplateBiasCache, split_batch
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
+from promptemb.poolers.mean import MeanPooler
 from promptemb.training import rng_state
 from promptemb.training.config_checks import check_train_config
-from promptemb.training.trainer import Trainer, enable_tf32
+from promptemb.training.trainer import Trainer
 from tests.common.test_validation import run, train_overrides
 from tests.conftest import REPO
 from tests.helpers import assert_one_line_error
@@ -321,26 +322,76 @@ def test_two_rank_ddp_prepares_data_once_and_keeps_one_run_folder(tiny_bert, rea
 # -- fast GPU settings, their switches tested on the CPU ---------------------------------------------------------
 
 
-def test_tf32_is_turned_on_for_cuda_trainers_only():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+def test_tf32_is_on_for_cuda_training_only_and_off_while_scoring():
+    saved = matmul_precision()
+    set_matmul_precision("ieee")
     try:
         assert not Trainer(accelerator="cpu", logger=False, enable_checkpointing=False).tf32
-        assert not torch.backends.cuda.matmul.allow_tf32
-        assert enable_tf32(ACCELERATOR)  # what a CUDA trainer calls with its root device
-        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert matmul_precision() == "ieee"
+        assert DeviceProfile("cuda").apply_training_matmul_precision()  # what a CUDA trainer does
+        assert matmul_precision() == "tf32"
+        with exact_matmuls():  # every scoring forward (Encoder.encode_form)
+            assert matmul_precision() == "ieee"
+        assert matmul_precision() == "tf32"
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        set_matmul_precision(saved)
 
 
-def test_adamw_is_fused_on_cuda_unless_the_config_chose_an_implementation():
+def test_scoring_forwards_run_with_tf32_off_after_training_turned_it_on(encoder, monkeypatch):
+    seen = []
+    forward = encoder.forward
+    monkeypatch.setattr(encoder, "forward", lambda *a, **k: (seen.append(matmul_precision()), forward(*a, **k))[1])
+    saved = matmul_precision()
+    set_matmul_precision("tf32")
+    try:
+        encoder.embed(["a man plays", "a dog runs"], [MeanPooler()])
+        assert seen and set(seen) == {"ieee"} and matmul_precision() == "tf32"
+    finally:
+        set_matmul_precision(saved)
+
+
+def test_adamw_implementation_is_chosen_by_the_device_profile():
     adamw = functools.partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0)
-    assert optimizer_options(adamw, ACCELERATOR) == {"fused": True}
-    assert optimizer_options(adamw, torch.device("cpu")) == {}
-    assert optimizer_options(functools.partial(torch.optim.AdamW, foreach=True), ACCELERATOR) == {}
-    assert optimizer_options(functools.partial(torch.optim.SGD, lr=0.1), ACCELERATOR) == {}
+    cuda, cpu = DeviceProfile("cuda", "bf16-mixed", clipping=True), DeviceProfile("cpu")
+    assert cuda.optimizer_options(adamw) == {"fused": True}  # bf16: clipped directly, nothing to unscale
+    assert cpu.optimizer_options(adamw) == {}
+    assert cuda.optimizer_options(functools.partial(torch.optim.AdamW, foreach=True)) == {}
+    assert cuda.optimizer_options(functools.partial(torch.optim.SGD, lr=0.1)) == {}
+    # fp16's GradScaler must unscale before clipping, which a fused step does inside: foreach then
+    assert DeviceProfile("cuda", "16-mixed", clipping=True).optimizer_options(adamw) == {"foreach": True}
+    assert DeviceProfile("cuda", "16-mixed", clipping=False).optimizer_options(adamw) == {"fused": True}
     parameter = torch.nn.Parameter(torch.ones(3))
-    assert torch.optim.AdamW([parameter], **optimizer_options(adamw, ACCELERATOR)).defaults["fused"]
+    assert torch.optim.AdamW([parameter], **cuda.optimizer_options(adamw)).defaults["fused"]
+    assert cuda.describe(adamw)["optimizer_implementation"] == "fused"
+
+
+def test_fused_adamw_with_fp16_clipping_is_refused_before_work(tiny_bert, real_data_root, tmp_path):
+    out = tmp_path / "run"
+    proc = run("train.py", *train_overrides(tiny_bert, out), "trainer.precision=16-mixed",
+               "trainer.gradient_clip_val=1.0", "+optimizer.fused=true", data_root=real_data_root)
+    assert_one_line_error(proc, r"^error: optimizer\.fused=true unscales the gradients inside its step, but "
+                                r"trainer\.precision=16-mixed clips them before it "
+                                r"\(trainer\.gradient_clip_val=1\.0\): drop optimizer\.fused", out)
+
+
+def test_bf16_mixed_clipping_equals_fp32_clipping_of_the_same_gradients(tiny_bert):
+    """Under bf16-mixed (no GradScaler) the module clips the gradients itself, exactly as Lightning's 32-bit plugin
+    does (clip_grad_norm_ over the optimiser's parameters), also for fused AdamW, which the mixed-precision plugin
+    refuses."""
+    clipped = {}
+    for precision in ("32-true", "bf16-mixed"):
+        module = PromptBERTUnsup(str(tiny_bert))
+        module.trainer = pl.Trainer(accelerator="cpu", precision=precision, gradient_clip_val=1.0, logger=False,
+                                    enable_checkpointing=False)
+        params = [p for p in module.parameters() if p.requires_grad]
+        torch.manual_seed(0)
+        for parameter in params:
+            parameter.grad = torch.randn_like(parameter)
+        optimizer = torch.optim.AdamW(params, fused=True)
+        module.configure_gradient_clipping(optimizer, 1.0, "norm")
+        clipped[precision] = torch.cat([p.grad.flatten() for p in params])
+    torch.testing.assert_close(clipped["bf16-mixed"], clipped["32-true"], rtol=0, atol=0)
+    assert torch.linalg.vector_norm(clipped["bf16-mixed"]) <= 1.0 + 1e-5
 
 
 def test_training_backbone_uses_sdpa_attention(tiny_bert):
@@ -456,13 +507,18 @@ def test_two_nodes_of_one_process_equal_one_process_on_the_joined_batch(tiny_ber
 def test_gpu_validation_refuses_the_cuda_parts_in_one_line_without_cuda(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("checks the refusal on a machine without CUDA")
-    proc = subprocess.run([sys.executable, "bench/gpu_validation.py", "--parts", "pytest,throughput,quickstart",
+    proc = subprocess.run([sys.executable, "bench/gpu_validation.py", "--parts", "recipes,pytest,throughput,quickstart",
                            "--out", str(tmp_path / "report")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "error: pytest, throughput, quickstart need a CUDA GPU and this machine has none (torch.cuda.is_available() "
-        "is False); nothing else to run"]
+        "error: recipes, pytest, throughput, quickstart need a CUDA GPU and this machine has none "
+        "(torch.cuda.is_available() is False; --rehearse runs the others on the CPU); nothing else to run"]
     assert not (tmp_path / "report").exists()  # refused before any work
+    proc = subprocess.run([sys.executable, "bench/gpu_validation.py", "--rehearse", "--parts", "pytest",
+                           "--out", str(tmp_path / "report")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: pytest cannot be rehearsed on the CPU; nothing else to run"]
+    assert not (tmp_path / "report").exists()
 
 
 def test_gpu_validation_runs_the_rest_and_writes_one_report(tmp_path, monkeypatch, capsys):
@@ -471,13 +527,13 @@ def test_gpu_validation_runs_the_rest_and_writes_one_report(tmp_path, monkeypatc
     if torch.cuda.is_available():
         pytest.skip("checks the refusal on a machine without CUDA")
     calls = []
-    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks: calls.append(tasks) or {
+    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks, limit: calls.append(tasks) or {
         "command": "python evaluate.py ...", "exit_code": 0, "wall_s": 1.5, "tail": ["scores"]})
     assert gpu_validation.main(["--parts", "quickstart,suite", "--suite-tasks", "STSBenchmark",
                                 "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().err.strip().splitlines() == [
-        "error: quickstart needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False); running "
-        "the rest"]
+        "error: quickstart needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False; --rehearse "
+        "runs the others on the CPU); running the rest"]
     report = json.loads((tmp_path / "gpu_validation.json").read_text())
     assert calls == ["STSBenchmark"] and report["device"] == "CPU (no CUDA)"
     assert report["parts"]["quickstart"] == {"refused": "needs a CUDA GPU; this machine has none"}
@@ -493,9 +549,29 @@ def test_gpu_validation_knows_the_dense_bf16_peaks():
     assert gpu_validation.dense_bf16_peak("Some GPU") is None
 
 
+def test_scoring_is_float32_by_default_on_every_device(monkeypatch):
+    """The default of evaluate.py (every backbone config) and of the training evaluation (`evaluation_encoder` ->
+    `Encoder.from_model`) is `none`: float32 forwards on a CUDA device with bf16 too (emulated), so the scores are the
+    CPU protocol's; bf16 is an opt-in."""
+    import inspect
+
+    from hydra import compose, initialize_config_dir
+
+    from promptemb.encoder.loading import resolve_autocast
+    from promptemb.encoder.model import Encoder
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+        defaults = {name: compose("eval", overrides=[f"backbone={name}"]).backbone.autocast
+                    for name in ("minilm", "bert_base", "roberta_base", "decoder")}
+    assert set(defaults.values()) == {"none"}, defaults
+    assert inspect.signature(Encoder.from_model).parameters["autocast"].default == "none"
+    assert resolve_autocast("none", ACCELERATOR, "float32") is None
+
+
 def test_evaluation_autocast_is_bf16_on_cuda_only_when_auto(monkeypatch):
-    """`autocast=auto` (the backbone config's and the training evaluation's default): bf16 on a CUDA device with
-    bf16 (emulated: torch.cuda.is_bf16_supported patched), none on the CPU or for bf16 weights; `bf16` forces it."""
+    """`autocast=auto` (an opt-in): bf16 on a CUDA device with bf16 (emulated: torch.cuda.is_bf16_supported
+    patched), none on the CPU or for bf16 weights; `bf16` forces it."""
     from promptemb.encoder.loading import resolve_autocast
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
@@ -552,7 +628,7 @@ def test_evaluation_under_bf16_autocast_pools_in_float32(tiny_bert):
 
 
 def test_gpu_validation_exits_1_when_a_part_that_ran_failed(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks: {
+    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks, limit: {
         "command": "python evaluate.py ...", "exit_code": 2, "wall_s": 1.5, "tail": ["error: ..."]})
     assert gpu_validation.main(["--parts", "suite", "--suite-tasks", "STSBenchmark", "--out", str(tmp_path)]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (

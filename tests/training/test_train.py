@@ -378,9 +378,9 @@ def test_relative_corpus_path_is_relative_to_the_data_root_not_the_cwd(tmp_path,
         (directory / "training" / "corpus.txt").write_text(text)
     monkeypatch.chdir(elsewhere)
     module = TextLinesDataModule(files=["training/corpus.txt"], batch_size=1, data_root=str(root), held_out_tasks=[])
-    assert module.load() == ["from the data root"]
+    assert list(module.iter_examples()) == ["from the data root"]
     absolute = TextLinesDataModule(files=[str(elsewhere / "training/corpus.txt")], batch_size=1, data_root=str(root))
-    assert absolute.load() == ["from the current directory"]
+    assert list(absolute.iter_examples()) == ["from the current directory"]
 
 
 ON_CPU = SimpleNamespace(root_device=torch.device("cpu"))  # a fake trainer's strategy: trains on the CPU
