@@ -22,7 +22,8 @@ logging, the progress bar):
   `bool(t)`, `int(t)`), `nonzero`, `unique`, `masked_select`, boolean-mask indexing, `repeat_interleave` without
   `output_size`, `.tolist()` / `.numpy()`, and a tensor built from Python data directly on the step's device (a
   synchronous host-to-device copy on CUDA; on this CPU every such tensor is counted, the step's device being the
-  CPU). Each one is listed with where in the code it happened.
+  CPU, except one made with the string `device="cpu"`, which is host memory on any machine). Each one is listed with
+  where in the code it happened.
 """
 
 from __future__ import annotations
@@ -132,10 +133,12 @@ class _HostCalls(TorchFunctionMode):
         on_host = source is not None and id(source) in self.counts.host_resident
         if name in HOST_READS and not on_host:
             self.counts.syncs[f"Tensor.{name} @ {_where()}"] += 1
-        elif name in FROM_HOST_DATA and kwargs.get("device") is not None:
+        elif name in FROM_HOST_DATA and kwargs.get("device") not in (None, "cpu"):
             self.counts.syncs[f"torch.{name}(..., device=) @ {_where()}"] += 1
         result = func(*args, **kwargs)
-        if name in FROM_HOST_DATA and kwargs.get("device") is None:
+        # `device="cpu"` spelled out (torch's foreach AdamW for its host-resident step counts) is host memory on any
+        # machine; the step's device arrives as a torch.device (`t.device`), counted above
+        if name in FROM_HOST_DATA and kwargs.get("device") in (None, "cpu"):
             self.counts.mark_host_resident([result])
         elif name == "cpu" or (name == "to" and kwargs.get("copy") and _target(args[1:], kwargs) == "cpu"):
             # an explicit copy to host memory: on a GPU the copy is the synchronisation, what is read from it is not
