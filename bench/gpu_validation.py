@@ -33,6 +33,7 @@ cannot be rehearsed). The report is written whatever happens; the command exits 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -273,15 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {', '.join(refused)} {'' if args.rehearse else verb + ' '}{how}; {rest}", file=sys.stderr)
         if len(refused) == len(parts):
             return 2
-    if args.rehearse:
-        os.environ[REHEARSE_CUDA] = "1"  # every train.py the parts start gets the CUDA profile on the CPU
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0) if cuda else "CPU (no CUDA)"
     report = {"device": device + (", rehearsing the CUDA profile" if args.rehearse else ""),
               "torch": torch.__version__, "cuda": torch.version.cuda, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
               "rehearsal": args.rehearse, "parts": {}}
     steps = REHEARSAL_STEPS if args.rehearse else args.steps
-    with tempfile.TemporaryDirectory(prefix="gpu-validation-") as scratch:
+    rehearsal = _environment(REHEARSE_CUDA, "1" if args.rehearse else None)  # every train.py the parts start
+    with rehearsal, tempfile.TemporaryDirectory(prefix="gpu-validation-") as scratch:
         work = Path(scratch)
         for part in parts:
             limit = getattr(args, f"{part}_limit")
@@ -307,6 +307,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {', '.join(failed)} did not run to completion (exit codes in the report)", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str | None):
+    """`name=value` in this process's environment inside the block (None: unchanged), as it was after: an in-process
+    caller (a test) keeps its own environment."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def failed_runs(report: dict) -> list[str]:

@@ -48,8 +48,10 @@ def template_only_batch(builder: InputBuilder, lengths: torch.Tensor, base: int)
     head = torch.arange(1 + len(prefix), device=lengths.device)
     tail = torch.arange(1 + len(prefix), width, device=lengths.device)
     positions = torch.cat([head.expand(count, -1), tail.unsqueeze(0) + lengths.unsqueeze(1)], dim=1) + base
-    input_ids = torch.tensor(ids, device=lengths.device).expand(count, -1)
-    roles = torch.tensor([SPECIAL] + [TEMPLATE] * (width - 2) + [SPECIAL], device=lengths.device).expand(count, -1)
+    # built in host memory and copied without waiting for the device (a tensor made on it from Python data waits)
+    input_ids = torch.tensor(ids).to(lengths.device, non_blocking=True).expand(count, -1)
+    roles = torch.tensor([SPECIAL] + [TEMPLATE] * (width - 2) + [SPECIAL]).to(
+        lengths.device, non_blocking=True).expand(count, -1)
     mask_id = tokenizer.mask_token_id
     return Batch(
         input_ids=input_ids,
@@ -130,11 +132,13 @@ def template_biases(
     """`template_bias` for several templates at once: all their template-only rows in ONE forward (rows padded to
     the widest template), so a two-view step pays the fixed cost of a forward once, not twice."""
     base = position_base(transformer)
+    device = next(transformer.parameters()).device
     parts, inverses = [], []
     for builder, lengths in zip(builders, sentence_lengths, strict=True):
+        # lengths in host memory (the training step's) are made unique there, without reading the device
         unique, inverse = torch.unique(lengths, return_inverse=True)
-        parts.append(template_only_batch(builder, unique, base))
-        inverses.append(inverse)
+        parts.append(template_only_batch(builder, unique.to(device, non_blocking=True), base))
+        inverses.append(inverse.to(device, non_blocking=True))
     batch = concat_batches(parts, builders[0].tokenizer.pad_token_id)
     bias_out = run_transformer(transformer, batch, Needs(layers=tuple(layers)), input_embedder=input_embedder)
     weights = batch.mask_token.to(next(iter(bias_out.hidden_states.values())).dtype).unsqueeze(-1)
@@ -147,11 +151,15 @@ def template_biases(
     return results
 
 
-def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
-    """Stack batches row-wise, right-padding narrower ones (padding is masked out of attention)."""
-    if len(batches) == 1:
+def concat_batches(batches: list[Batch], pad_id: int, width: int | None = None) -> Batch:
+    """Stack batches row-wise, right-padding narrower ones (padding is masked out of attention) to the widest one,
+    or to `width`."""
+    widest = max(b.input_ids.shape[1] for b in batches)
+    if width is not None and width < widest:
+        raise ValueError(f"cannot pad batches of width {widest} to {width}")
+    width = width or widest
+    if len(batches) == 1 and batches[0].input_ids.shape[1] == width:
         return batches[0]
-    width = max(b.input_ids.shape[1] for b in batches)
 
     def pad(tensor: torch.Tensor, value) -> torch.Tensor:
         return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=value)

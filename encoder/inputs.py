@@ -70,6 +70,10 @@ class InputBuilder:
         if room < 1:
             raise ConfigError(f"template {form.template.text!r} leaves no room for the sentence in {max_length} tokens")
         self.max_sentence_tokens = min(form.max_sentence_tokens or room, room)
+        self._device_ids: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __getstate__(self) -> dict:  # pickled into tokenizing workers: without tensors of any device
+        return {**self.__dict__, "_device_ids": {}}
 
     def collate(self, items: list[TokenizedInput]) -> Batch:
         return collate(items, self.tokenizer.pad_token_id, self.tokenizer.mask_token_id)
@@ -127,16 +131,30 @@ class InputBuilder:
             )
         return built
 
-    def wrap_padded_ids(self, sentence_ids: torch.Tensor, lengths: torch.Tensor) -> Batch:
+    def template_ids(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prefix ids, suffix ids) as tensors on `device`, made once per device: a tensor built from Python data on
+        a GPU is a synchronous host-to-device copy, which the training step must not pay at every batch."""
+        cached = self._device_ids.get(device)
+        if cached is None:
+            cached = self._device_ids[device] = (torch.tensor(self.prefix_ids, dtype=torch.long, device=device),
+                                                 torch.tensor(self.suffix_ids, dtype=torch.long, device=device))
+        return cached
+
+    def wrap_padded_ids(self, sentence_ids: torch.Tensor, lengths: torch.Tensor,
+                        host_lengths: torch.Tensor | None = None) -> Batch:
         """The batch `collate(build_from_ids(rows))` gives, built with tensor ops on the ids' device: `sentence_ids`
         [B, L] holds each row's sentence ids left-aligned (anything after `lengths[b]`), as pre-tokenized data
-        loaders deliver them. Template ids are written by offset: [CLS] prefix sentence[:max] suffix [SEP] pad."""
+        loaders deliver them. Template ids are written by offset: [CLS] prefix sentence[:max] suffix [SEP] pad.
+        `host_lengths`: the same lengths in host memory (the loader's, before the batch moved to the device): the
+        width is read from them instead of from the device."""
         device = sentence_ids.device
+        if host_lengths is None:
+            host_lengths = lengths.cpu()  # a synchronisation when `lengths` is on an accelerator
+        host_n = host_lengths.clamp(max=self.max_sentence_tokens)
         n = lengths.clamp(max=self.max_sentence_tokens).unsqueeze(1)
-        prefix = torch.tensor(self.prefix_ids, dtype=torch.long, device=device)
-        suffix = torch.tensor(self.suffix_ids, dtype=torch.long, device=device)
+        prefix, suffix = self.template_ids(device)
         p, s = len(self.prefix_ids), len(self.suffix_ids)
-        width = 2 + p + s + int(n.max()) if n.numel() else 2 + p + s
+        width = 2 + p + s + int(host_n.max()) if host_n.numel() else 2 + p + s
         pos = torch.arange(width, device=device).expand(sentence_ids.shape[0], width)
         sentence_end = 1 + p + n  # exclusive
         is_prefix = (pos >= 1) & (pos < 1 + p)
@@ -157,7 +175,9 @@ class InputBuilder:
         roles = torch.where(is_special, SPECIAL, roles)
         roles = torch.where(is_prefix | is_suffix, TEMPLATE, roles)
         roles = torch.where(is_sentence, SENTENCE, roles)
-        return _batch(ids, roles, n.squeeze(1), self.tokenizer.mask_token_id)
+        batch = _batch(ids, roles, n.squeeze(1), self.tokenizer.mask_token_id)
+        batch.host_lengths = host_n
+        return batch
 
 
 @dataclass
@@ -169,9 +189,13 @@ class Batch:
     sentence_lengths: torch.Tensor  # [B], sentence tokens after truncation
     position_ids: torch.Tensor | None = None  # [B, T]; None = the model's default positions
     auxiliary: Batch | None = None  # Contrastive Prompting: the auxiliary prompt's batch, row for row
+    #: `sentence_lengths` in host memory (CPU), when known without reading the device: the training step plans its
+    #: shapes (width, template-bias rows) from them. Stays on the host when the batch moves.
+    host_lengths: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(**{name: None if value is None else value.to(device) for name, value in vars(self).items()})
+        return Batch(**{name: value if value is None or name == "host_lengths" else value.to(device)
+                        for name, value in vars(self).items()})
 
 
 def collate(items: list[TokenizedInput], pad_id: int, mask_id: int | None) -> Batch:
@@ -182,7 +206,9 @@ def collate(items: list[TokenizedInput], pad_id: int, mask_id: int | None) -> Ba
         ids[row, : len(item.input_ids)] = item.input_ids
         roles[row, : len(item.roles)] = item.roles
     lengths = torch.tensor([item.sentence_length for item in items], dtype=torch.long)
-    return _batch(torch.from_numpy(ids), torch.from_numpy(roles), lengths, mask_id)
+    batch = _batch(torch.from_numpy(ids), torch.from_numpy(roles), lengths, mask_id)
+    batch.host_lengths = lengths
+    return batch
 
 
 def _batch(input_ids: torch.Tensor, roles: torch.Tensor, lengths: torch.Tensor, mask_id: int | None) -> Batch:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 import pytorch_lightning as pl
 import torch
@@ -22,7 +22,8 @@ from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import ConfigError, DivergenceError
 from promptemb.common.validation import declare_hints
 from promptemb.data.pretokenized import SentenceTokenization
-from promptemb.encoder.forward import concat_batches, max_input_length, run_transformer, template_biases
+from promptemb.encoder.folded_forward import bias_rows_needed, plan_bias_rows, training_forward
+from promptemb.encoder.forward import concat_batches, max_input_length, position_base, template_biases
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
 from promptemb.encoder.loading import load_pretrained
 from promptemb.encoder.model import Encoder
@@ -37,6 +38,10 @@ from promptemb.poolers.base import Pooler
 DEFAULT_OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0)
 DEFAULT_SCHEDULER = functools.partial(linear_warmup_decay, warmup_ratio=0.0)
 declare_hints(torch.optim.AdamW, lr=Positive, weight_decay=NonNegative)
+
+# `transfer_batch_to_device` is overridden on purpose (it keeps the loader's lengths in host memory too); Lightning
+# warns about any override of that hook when a datamodule is passed.
+warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device` in `LightningModule`")
 
 #: Where *ForMaskedLM models keep the MLM head's transform (dense -> activation -> LayerNorm): (module, LayerNorm name).
 MLM_TRANSFORMS = (("cls.predictions.transform", "LayerNorm"), ("lm_head", "layer_norm"))  # BERT; RoBERTa, XLM-R
@@ -137,6 +142,11 @@ class PromptContrastiveModule(pl.LightningModule):
         if grad_cache_chunk_size is not None and grad_cache_chunk_size < 1:
             raise ConfigError(f"grad_cache_chunk_size must be null or >= 1, got {grad_cache_chunk_size}")
         self.template_bias_cache: TemplateBiasCache | None = None
+        # `trainer.compile`: the training forward's compiled form (not a submodule: parameter names and checkpoints
+        # stay those of `transformer`, and evaluation keeps calling the eager one) and the sentence-length buckets
+        # its inputs are padded to (`compile_training_forward`)
+        self.length_buckets: tuple[int, ...] | None = None
+        object.__setattr__(self, "training_call", None)
         if gradient_checkpointing:  # non-reentrant: recomputation replays the forward's dropout RNG state
             options = {"use_reentrant": False}
             if hasattr(self.transformer, "activation_checkpointing_enable"):  # transformers >= 5
@@ -146,6 +156,23 @@ class PromptContrastiveModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         check_grad_cache_precision(self.trainer.precision, self.hparams.grad_cache_chunk_size)  # before any step
+
+    @classmethod
+    def check_compile(cls, settings: dict) -> None:
+        """`trainer.compile=true` with this recipe and its `model` settings, checked before anything loads (train.py's
+        config check): refused in one line where the compiled step would not be what trains. The encoder recipes
+        compile their training forward with every option (gradient caching, activation checkpointing, frozen
+        biases, OptiPrompt's soft template: tested)."""
+
+    def compile_training_forward(self) -> None:
+        """`trainer.compile=true`: the transformer call of the training step through torch.compile, on inputs padded
+        to a few widths (sentence lengths rounded up to a power of two from 8, at most the template's sentence
+        limit, the template-bias rows padded to what that width can need), so the step compiles one graph per
+        width it meets; evaluation (varying shapes, no gradients) keeps calling the eager transformer."""
+        limit = max(builder.max_sentence_tokens for builder in self.builders)
+        buckets = [size for size in (8 << k for k in range(12)) if size < limit]
+        self.length_buckets = (*buckets, limit)
+        object.__setattr__(self, "training_call", torch.compile(self.transformer, dynamic=False))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Lightning records no class; export and `load_module_checkpoint` rebuild the module from this.
@@ -162,11 +189,22 @@ class PromptContrastiveModule(pl.LightningModule):
         give exactly the inputs the raw sentences would."""
         return SentenceTokenization.for_builders(self.builders)
 
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        """Lightning's transfer, keeping the loader's sentence lengths of a pre-tokenized batch in host memory too
+        (`host_lengths`): the step plans its shapes from them without reading anything back from the device."""
+        host = batch.get("lengths") if isinstance(batch, Mapping) else None
+        moved = super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if isinstance(host, torch.Tensor) and host.device.type == "cpu":
+            moved = {**moved, "host_lengths": host}
+        return moved
+
     def view_batch(self, sentences, builder: InputBuilder) -> Batch:
         """One templated view on the module's device, from raw sentences or from a pre-tokenized batch
-        ({"ids": [B, L], "lengths": [B]}, promptemb.data.pretokenized)."""
+        ({"ids": [B, L], "lengths": [B]}, promptemb.data.pretokenized; "host_lengths", the lengths in host memory,
+        when the batch came through `transfer_batch_to_device`)."""
         if isinstance(sentences, Mapping):
-            return builder.wrap_padded_ids(sentences["ids"].to(self.device), sentences["lengths"].to(self.device))
+            return builder.wrap_padded_ids(sentences["ids"].to(self.device), sentences["lengths"].to(self.device),
+                                           sentences.get("host_lengths"))
         return collate(builder.build(sentences), self.tokenizer.pad_token_id, self.tokenizer.mask_token_id
                        ).to(self.device)
 
@@ -177,26 +215,48 @@ class PromptContrastiveModule(pl.LightningModule):
     def pooled_views(self, sentences: list[str], builders: list[InputBuilder], pooler: Pooler) -> list[torch.Tensor]:
         """One templated view per builder, all views in ONE transformer forward (rows never attend across views and
         dropout is drawn per element, so this is the same computation as a forward per view, at the fixed per-call
-        cost of one). When the pooler denoises, the biases of all views come from one more forward (`freeze_bias`
-        computes them without gradients)."""
+        cost of one). When the pooler denoises, the template biases of every view ride in the same forward
+        (encoder/folded_forward.py; `freeze_bias`: no gradient through them); under gradient caching they come
+        from the step's bias cache instead."""
         needs = pooler.needs
+        if needs.attentions or needs.word_embeddings:
+            raise ValueError(f"{pooler.name}: the training forward gives hidden states only")
         built: dict[int, Batch] = {}  # OptiPrompt's two dropout views share one builder: tokenize once
         for builder in builders:
             if id(builder) not in built:
                 built[id(builder)] = self.view_batch(sentences, builder)
         batches = [built[id(builder)] for builder in builders]
-        merged = concat_batches(batches, self.tokenizer.pad_token_id)
-        out = run_transformer(self.transformer, merged, replace(needs, template_bias=False),
-                              input_embedder=self.input_embedder)
-        if needs.template_bias:
-            lengths = [b.sentence_lengths for b in batches]
-            if self.template_bias_cache is None:
-                biases = self.compute_template_biases(builders, lengths, needs.layers)
-            else:
-                biases = self.template_bias_cache.biases(
-                    lambda b, n: self.compute_template_biases(b, n, needs.layers), builders, lengths)
+        merged = concat_batches(batches, self.tokenizer.pad_token_id, width=self.padded_width(batches, builders))
+        bias_rows = None
+        if needs.template_bias and self.template_bias_cache is None:
+            width = merged.input_ids.shape[1]
+            bias_rows = plan_bias_rows(
+                builders, [self._host_lengths(batch) for batch in batches], width, position_base(self.transformer),
+                self.tokenizer.pad_token_id, self.device,
+                rows=bias_rows_needed(builders, width) if self.length_buckets else None)
+        out = training_forward(self.transformer, merged, needs.layers, bias_rows=bias_rows,
+                               input_embedder=self.input_embedder, freeze_bias=self.hparams.freeze_bias,
+                               call=self.training_call)
+        if needs.template_bias and self.template_bias_cache is not None:
+            lengths = [self._host_lengths(b) for b in batches]
+            biases = self.template_bias_cache.biases(
+                lambda b, n: self.compute_template_biases(b, n, needs.layers), builders, lengths)
             out.template_bias = {layer: torch.cat([bias[layer] for bias in biases]) for layer in biases[0]}
         return list(pooler(out).split([batch.input_ids.shape[0] for batch in batches]))
+
+    @staticmethod
+    def _host_lengths(batch: Batch) -> torch.Tensor:
+        return batch.host_lengths if batch.host_lengths is not None else batch.sentence_lengths.cpu()
+
+    def padded_width(self, batches: list[Batch], builders: list[InputBuilder]) -> int | None:
+        """The width the views are padded to when the step is compiled: the template's tokens plus the smallest
+        length bucket holding the batch's longest sentence (a few shapes, so a bounded number of graphs); None =
+        the widest view's own width."""
+        if not self.length_buckets:
+            return None
+        longest = max(int(self._host_lengths(batch).max()) if batch.input_ids.shape[0] else 0 for batch in batches)
+        bucket = next((b for b in self.length_buckets if b >= longest), longest)
+        return max(2 + len(b.prefix_ids) + len(b.suffix_ids) + min(bucket, b.max_sentence_tokens) for b in builders)
 
     def compute_template_biases(self, builders: list[InputBuilder], lengths: list[torch.Tensor],
                                 layers: tuple[int, ...] = (-1,)) -> list[dict[int, torch.Tensor]]:
@@ -244,13 +304,16 @@ class PromptContrastiveModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss, rows, to_backward = self.contrastive_loss(batch)
-        if not torch.isfinite(loss):
+        # The step's one host synchronisation: the loss copied to host memory, where the divergence guard reads it
+        # and the progress bar and loggers find it (a device tensor would cost them another one each).
+        on_host = loss.detach().to("cpu", torch.float32, copy=True)
+        if not torch.isfinite(on_host):
             raise NonFiniteLossError(
-                f"loss is {loss.item()} at step {self.global_step}; stopped before the optimiser step, the saved "
+                f"loss is {on_host.item()} at step {self.global_step}; stopped before the optimiser step, the saved "
                 "checkpoints are from before it; lower optimizer.lr, clip gradients (trainer.gradient_clip_val=1.0) or "
                 "train in fp32"
             )
-        self.log("train/loss", loss, prog_bar=True, batch_size=rows)
+        self.log("train/loss", on_host, prog_bar=True, batch_size=rows)
         # Each rank back-propagates through its own slice of the global similarity matrix; DDP averages gradients,
         # so scaling by the world size gives exactly the single-process gradient of the joined batch.
         return to_backward(loss * world_size())

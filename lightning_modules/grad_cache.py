@@ -133,6 +133,7 @@ class TemplateBiasCache:
 
     def biases(self, compute: BiasCompute, builders: list,
                lengths: list[torch.Tensor]) -> list[dict[int, torch.Tensor]]:
+        """Each view's biases, row by row (`lengths`: each view's sentence lengths, in host memory)."""
         call = self._call
         self._call += 1
         if not self.replaying:
@@ -143,8 +144,15 @@ class TemplateBiasCache:
         results = []
         for view, view_lengths in enumerate(lengths):
             sources = [self.rows[(call, view, n)] for n in view_lengths.tolist()]
-            layers = self.forwards[sources[0][0]].leaves[sources[0][1]]
-            results.append({layer: torch.stack([self.forwards[f].leaves[v][layer][r] for f, v, r in sources])
+            # one gather per layer from the leaves this view's rows come from, whatever the number of rows
+            parts = sorted({(f, v) for f, v, _ in sources})
+            offsets, start = {}, 0
+            for f, v in parts:
+                offsets[(f, v)] = start
+                start += len(self.forwards[f].lengths[v])
+            index = torch.tensor([offsets[(f, v)] + r for f, v, r in sources]).to(self.device, non_blocking=True)
+            layers = self.forwards[parts[0][0]].leaves[parts[0][1]]
+            results.append({layer: torch.cat([self.forwards[f].leaves[v][layer] for f, v in parts])[index]
                             for layer in layers})
         return results
 
@@ -154,7 +162,7 @@ class TemplateBiasCache:
             new = sorted({n for n in view_lengths.tolist() if (call, view, n) not in self.rows})
             if new:
                 views.append(view)
-                missing.append(torch.tensor(new, device=view_lengths.device))
+                missing.append(torch.tensor(new))  # in host memory: `template_biases` moves what it needs
         if not views:
             return
         with torch.enable_grad():  # pass 1 runs without grad, but the bias graph is back-propagated after pass 2
@@ -251,6 +259,6 @@ def _accumulate(totals: list[torch.Tensor], outputs: list[torch.Tensor], inputs:
                 output_grads: list[torch.Tensor]) -> None:
     """totals[i] += d <outputs, output_grads> / d inputs[i] (inputs the outputs do not reach add nothing)."""
     got = torch.autograd.grad(outputs, inputs, output_grads, allow_unused=True)
-    for total, grad in zip(totals, got, strict=True):
-        if grad is not None:
-            total.add_(grad)
+    pairs = [(total, grad) for total, grad in zip(totals, got, strict=True) if grad is not None]
+    if pairs:
+        torch._foreach_add_([total for total, _ in pairs], [grad for _, grad in pairs])

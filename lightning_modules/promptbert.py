@@ -102,7 +102,8 @@ class PromptBERTSup(PromptContrastiveModule):
         """`batch`: triplets of strings, or pre-tokenized {"ids": [B, 3, L], "lengths": [B, 3]}; rows are encoded
         in the order (triplet, member) either way."""
         if isinstance(batch, Mapping):
-            sentences = {"ids": batch["ids"].flatten(0, 1), "lengths": batch["lengths"].flatten()}
+            sentences = {key: batch[key].flatten(end_dim=1 if key == "ids" else -1)
+                         for key in ("ids", "lengths", "host_lengths") if key in batch}
         else:
             sentences = [s for triplet in batch for s in triplet]
         pooled = self.pooled(sentences, self.builders[0], self.pooler)

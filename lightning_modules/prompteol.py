@@ -157,6 +157,14 @@ class PromptEOLSup(PromptContrastiveModule):
         wrapped.train()  # from_pretrained returns eval mode: LoRA dropout must be on in training
         return wrapped
 
+    @classmethod
+    def check_compile(cls, settings: dict) -> None:
+        raise ConfigError("trainer.compile=true compiles the training forward of the encoder recipes; PromptEOLSup "
+                          "(a decoder with LoRA adapters) trains eager: drop trainer.compile")
+
+    def compile_training_forward(self) -> None:
+        type(self).check_compile({})
+
     # -- representations ------------------------------------------------------------------------------------------
 
     def sentence_tokenization(self):

@@ -25,17 +25,15 @@ class SoftTemplate(nn.Module):
                              persistent=False)
 
     def forward(self, batch: Batch, word_embeddings: nn.Embedding) -> torch.Tensor:
+        """Rows may hold several template-only segments (encoder/folded_forward.py): the template tokens of a row are
+        counted along it, modulo the template's length, so each segment's k-th one gets v_k. Sync-free: nothing is
+        read back from the device (a row whose template-token count is no multiple of the template's length fails a
+        device-side assertion)."""
         embeds = word_embeddings(batch.input_ids)
         slots = batch.roles == TEMPLATE
-        per_row = slots.sum(1)
-        if not bool(per_row.any()):
-            return embeds
-        if not bool((per_row == len(self.vectors)).all()):
-            raise ValueError(
-                f"rows carry {per_row.tolist()} template tokens; the soft template has {len(self.vectors)}"
-            )
-        rows, cols = slots.nonzero(as_tuple=True)  # row-major: the k-th hit of a row is its k-th template token
-        soft = self.vectors.to(embeds.dtype).repeat(batch.input_ids.shape[0], 1)
-        keep_plain = self.is_mask.repeat(batch.input_ids.shape[0]).unsqueeze(-1)
-        values = torch.where(keep_plain, embeds[rows, cols], soft)
-        return embeds.index_put((rows, cols), values)
+        count = len(self.vectors)
+        torch._assert_async((slots.sum(1) % count == 0).all(),
+                            f"a row carries template tokens that are not whole copies of the {count}-token template")
+        k = (slots.cumsum(1) - 1).remainder(count)  # [B, T]: which template token each slot is
+        soft = slots & ~self.is_mask[k]  # [MASK] slots keep the mask token's embedding
+        return torch.where(soft.unsqueeze(-1), self.vectors.to(embeds.dtype)[k], embeds)

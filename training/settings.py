@@ -68,6 +68,8 @@ class TrainSettings(BaseModel):
         check_clipping(trainer.get("precision"), trainer.get("gradient_clip_val"), values.get("optimizer") or {})
         if hasattr(recipe := target_of(model), "check_config"):
             recipe.check_config(model)
+        if trainer.get("compile") and hasattr(recipe, "check_compile"):
+            recipe.check_compile(model)
         if isinstance(model.get("model_name_or_path"), str):
             check_model_source(model["model_name_or_path"])
         check_training_data(values.get("data") or {}, resolve_data_root(values.get("data_root")))

@@ -4,9 +4,11 @@
   clipping, TF32 in training, loader workers, pinned memory, evaluation precision), decided once from the trainer's
   accelerator, precision, clipping and compile settings; a CUDA command rehearsed on the CPU
   (`PROMPTEMB_REHEARSE_CUDA=1`) gets the CUDA profile and Lightning's CPU accelerator;
-* `compile: true`: the backbone (`module.transformer`) compiled in place with torch.compile when fit starts
-  (nn.Module.compile keeps parameter names, so checkpoints and exports are unchanged). The first steps pay the
-  compilation; refused before any work where it cannot run (`check_compile`).
+* `compile: true`: the transformer call of the module's training step compiled with torch.compile when fit starts
+  (the recipe's `compile_training_forward`: static shapes on inputs padded to a few widths, so a bounded number of
+  graphs; evaluation stays eager; parameter names, checkpoints and exports unchanged). The first steps that meet
+  each width pay its compilation; refused before any work where it cannot run (`check_compile`, and the decoder
+  recipe's own `check_compile`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ def check_compile(compile: bool, accelerator: str | None) -> None:
 
 
 class CompileBackbone(pl.Callback):
-    """torch.compile of the module's transformer, in place, before the first step."""
+    """torch.compile of what the module's training step runs, before the first step (the recipe's
+    `compile_training_forward`: a bounded number of graphs; evaluation stays eager)."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        pl_module.transformer.compile()
+        pl_module.compile_training_forward()
 
 
 class Trainer(pl.Trainer):

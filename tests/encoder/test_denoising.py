@@ -94,8 +94,8 @@ def test_biases_of_several_templates_in_one_forward_equal_separate_ones(tiny_ber
 
 @pytest.mark.parametrize("denoise", [False, True])
 def test_two_views_in_one_forward_equal_one_forward_per_view(tiny_bert, denoise):
-    """pooled_views runs every view's sentences in ONE forward (+ one bias forward when denoising); the rows are
-    those of a forward per view (eval mode: no dropout), padding to the wider view changes nothing."""
+    """pooled_views runs every view's sentences, and when denoising their template biases, in ONE forward; the rows
+    are those of a forward per view (eval mode: no dropout), padding to the wider view changes nothing."""
     from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 
     module = PromptBERTUnsup(str(tiny_bert), denoise=denoise).eval()
@@ -107,7 +107,124 @@ def test_two_views_in_one_forward_equal_one_forward_per_view(tiny_bert, denoise)
         forwards = len(calls)
         alone = [module.pooled(sentences, builder, module.train_pooler) for builder in module.builders]
     handle.remove()
-    assert forwards == (2 if denoise else 1)
+    assert forwards == 1
     for got, expected in zip(joint, alone, strict=True):
         assert got.shape == (3, module.transformer.config.hidden_size)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+#: Sentences of 15 distinct lengths (0 .. 17 tokens): several bias rows per view, several segments per row.
+MANY_LENGTHS = ["", "a", "a cat", *(" ".join(["two dogs run in the park"] * k + ["today"] * j)
+                                    for k in (1, 2) for j in range(6)), "ok", "a cat", ""]
+
+
+def separate_bias_forward(module, sentences, builders, pooler) -> list[torch.Tensor]:
+    """The reference computation: the views in one forward, then the biases of their distinct lengths in a forward
+    of their own (template alone, shifted positions; `template_biases`), subtracted by the pooler."""
+    from dataclasses import replace
+
+    from promptemb.encoder.forward import concat_batches, run_transformer, template_biases
+
+    batches = [module.view_batch(sentences, builder) for builder in builders]
+    merged = concat_batches(batches, module.tokenizer.pad_token_id)
+    needs = pooler.needs
+    out = run_transformer(module.transformer, merged, replace(needs, template_bias=False),
+                          input_embedder=module.input_embedder)
+    with torch.no_grad() if module.hparams.freeze_bias else torch.enable_grad():
+        biases = template_biases(module.transformer, builders, [b.sentence_lengths for b in batches], needs.layers,
+                                 input_embedder=module.input_embedder)
+    out.template_bias = {layer: torch.cat([bias[layer] for bias in biases]) for layer in biases[0]}
+    return list(pooler(out).split([b.input_ids.shape[0] for b in batches]))
+
+
+def values_and_gradients(module, views: list[torch.Tensor]):
+    projection = torch.linspace(-1, 1, views[0].shape[-1])  # a plain sum of LayerNorm outputs is constant
+    loss = sum(((view * projection).sum(-1) ** 2).sum() * (index + 1) for index, view in enumerate(views))
+    module.zero_grad()
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+    return [view.detach() for view in views], grads
+
+
+def recipe(name, tiny_bert, tiny_roberta, **kwargs):
+    from promptemb.lightning_modules.optiprompt import OptiPrompt
+    from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
+
+    if name == "unsup":
+        module = PromptBERTUnsup(str(tiny_bert), **kwargs)
+        return module, module.builders, module.train_pooler
+    if name == "unsup_two_masks":
+        module = PromptBERTUnsup(str(tiny_bert), templates=[PROMPTS[1], PROMPTS[0]], **kwargs)
+        return module, module.builders, module.train_pooler
+    if name == "sup_roberta":
+        module = PromptBERTSup(str(tiny_roberta), templates=["This sentence : '[X]' means [MASK] ."],
+                               head_type="tanh_mlp", **kwargs)
+        return module, module.builders, module.pooler
+    module = OptiPrompt(str(tiny_bert), denoise=True, **kwargs)  # the soft template in sentence and bias rows
+    return module, module.builders, module.pooler
+
+
+@pytest.mark.parametrize("name, kwargs", [("unsup", {}), ("unsup", {"freeze_bias": True}), ("unsup_two_masks", {}),
+                                          ("sup_roberta", {}), ("optiprompt", {})])
+def test_biases_folded_into_the_sentence_forward_give_the_separate_forwards_values_and_gradients(
+        name, kwargs, tiny_bert, tiny_roberta):
+    """The training forward packs each view's template-only segments into extra rows of the sentence batch
+    (encoder/folded_forward.py); pooled views and every parameter's gradient equal the reference computation's
+    (views, then a bias forward of their own), for one and two [MASK]s, RoBERTa's positions from padding_idx + 1,
+    a frozen bias and OptiPrompt's soft template."""
+    module, builders, pooler = recipe(name, tiny_bert, tiny_roberta, **kwargs)
+    module.train()  # the tiny models have no dropout: training mode, deterministic
+    folded = values_and_gradients(module, module.pooled_views(MANY_LENGTHS, builders, pooler))
+    reference = values_and_gradients(module, separate_bias_forward(module, MANY_LENGTHS, builders, pooler))
+    for got, expected in zip(folded[0], reference[0], strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    assert folded[1].keys() == reference[1].keys() and folded[1]
+    for key, grad in reference[1].items():  # summed over many tokens in another order: round-off relative to the max
+        torch.testing.assert_close(folded[1][key], grad, atol=1e-3 * float(grad.abs().max()) + 1e-6,
+                                   rtol=1e-4, msg=key)
+
+
+def test_packing_puts_several_segments_in_a_row_each_attending_to_itself(tiny_bert):
+    from promptemb.encoder.folded_forward import bias_rows_needed, plan_bias_rows
+    from promptemb.lightning_modules.promptbert import PromptBERTUnsup
+
+    module = PromptBERTUnsup(str(tiny_bert))
+    builder = module.builders[0]
+    segment = 2 + len(builder.prefix_ids) + len(builder.suffix_ids)
+    lengths = torch.tensor([5, 0, 5, 3, 9, 3, 1])  # 5 distinct
+    width = 3 * segment + 1  # 3 segments to a row; sentences of up to 2 * segment + 1 tokens
+    rows = plan_bias_rows([builder], [lengths], width, 0, 0, torch.device("cpu"))
+    assert rows.input_ids.shape == (2, width)
+    assert rows.segments[0].tolist() == [0] * segment + [1] * segment + [2] * segment + [-1]
+    assert rows.segments[1].tolist() == [0] * segment + [1] * segment + [-1] * (width - 2 * segment)
+    for distinct, n in enumerate([0, 1, 3, 5, 9]):  # sorted distinct lengths, segment by segment
+        row, slot = divmod(distinct, 3)
+        expected = template_only_batch(builder, torch.tensor([n]), base=0)
+        span = slice(slot * segment, (slot + 1) * segment)
+        assert rows.input_ids[row, span].tolist() == expected.input_ids[0].tolist()
+        assert rows.position_ids[row, span].tolist() == expected.position_ids[0].tolist()
+    assert rows.row_segment.tolist() == [3, 0, 3, 2, 4, 2, 1]
+    padded = plan_bias_rows([builder], [lengths], width, 0, 0, torch.device("cpu"),
+                            rows=bias_rows_needed([builder], width))
+    assert padded.input_ids.shape == (-(-(2 * segment + 2) // 3), width)  # every length 0 .. 2 * segment + 1
+    assert padded.row_segment.tolist() == rows.row_segment.tolist()
+
+
+def test_bucketed_widths_and_padded_bias_rows_change_no_value(tiny_bert):
+    """What `trainer.compile=true` feeds the compiled forward: views padded to a length bucket, bias rows padded to
+    what that width can need. Same values as the exact shapes."""
+    from promptemb.lightning_modules.promptbert import PromptBERTUnsup
+
+    module = PromptBERTUnsup(str(tiny_bert)).eval()
+    with torch.no_grad():
+        exact = module.pooled_views(MANY_LENGTHS, module.builders, module.train_pooler)
+        module.length_buckets = (8, 16, 32)
+        widths = []
+        handle = module.transformer.register_forward_pre_hook(
+            lambda mod, args, kwargs: widths.append(tuple(kwargs["position_ids"].shape)), with_kwargs=True)
+        bucketed = module.pooled_views(MANY_LENGTHS, module.builders, module.train_pooler)
+        handle.remove()
+    segment = 2 + len(module.builders[0].prefix_ids) + len(module.builders[0].suffix_ids)
+    assert widths[0][1] == segment + 32  # longest sentence 17 tokens -> bucket 32
+    for got, expected in zip(bucketed, exact, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)

@@ -57,7 +57,7 @@ def test_denoising_step_time(tiny6, real_data_root):
     out = bench("denoising_step_time.py", "--model", tiny6, "--batch-size", 4, "--steps", 2, "--rounds", 1,
                 "--threads", 1, data_root=real_data_root)
     rows = re.findall(r"s/step +([\d.]+)x +CPU +[\d.]+ s/step +([\d.]+)x", out)
-    assert len(rows) == 3 and rows[0] == ("1.00", "1.00")  # wall and CPU ratios, against the step without denoising
+    assert len(rows) == 4 and rows[0] == ("1.00", "1.00")  # wall and CPU ratios, against the step without denoising
 
 
 @pytest.mark.slow
@@ -131,6 +131,24 @@ def test_gpu_validation_without_cuda_runs_the_suite(real_data_root, tmp_path):
     assert report["parts"]["suite"]["exit_code"] == 0
     figures = report["parts"]["suite"]["result"]
     assert figures["split"]["device"] == "cpu" and "STSBenchmark" in figures["scores"]["sts"]["mean"]
+
+
+@pytest.mark.slow
+def test_train_throughput_rehearses_the_gpu_command_on_the_cpu(tiny_bert, real_data_root, tmp_path):
+    """The GPU command (`experiment=promptbert_unsup trainer=gpu`, bf16-mixed, `trainer.compile=true`) with a tiny
+    BERT, the local corpus and 2 steps on the CPU: the real loop (compiled as train.py compiles it) and the phases."""
+    from tests.training.test_train import WIKI_SAMPLE
+
+    report = tmp_path / "throughput.json"
+    out = bench("train_throughput.py", "experiment=promptbert_unsup", "trainer=gpu", "trainer.compile=true",
+                f"backbone.name_or_path={tiny_bert}", "data.download=null", f"data.files=[{WIKI_SAMPLE}]",
+                "data.batch_size=8", "data.max_examples=64", f"data.cache_dir={tmp_path}", "--steps", 2, "--warmup", 1,
+                "--device", "cpu", "--peak-tflops", 1, "--out", report, data_root=real_data_root)
+    assert "loop (train.py's, no synchronisation inside)" in out and "phases (step written out" in out
+    result = json.loads(report.read_text())
+    assert result["setup"]["compile"] and result["setup"]["precision"] == "bf16-mixed"
+    assert result["measured_by"] == "loop" and result["loop"]["steps"] == 2 and result["loop"]["warmup_seconds"] > 0
+    assert result["loop"]["model_flops_per_step"] == result["phases"]["model_flops_per_step"] > 0
 
 
 def test_gpu_validation_rehearses_a_recipe_on_the_cpu(real_data_root, tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""bench/train_throughput.py: the FLOP model against a hand count, and one short run end to end."""
+"""bench/train_throughput.py: the FLOP model against a hand count, one short run end to end (the real loop and the
+phases), CUDA refused in one line without a CUDA device."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bench.train_throughput import Clock, FlopCounter, main
+from bench.train_throughput import FlopCounter, main
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 
 SENTENCES = ["a man plays a guitar .", "short", "two dogs run in a field", "short"]
@@ -15,9 +16,13 @@ SENTENCES = ["a man plays a guitar .", "short", "two dogs run in a field", "shor
 
 def test_flop_count_matches_the_formula_per_row(tiny_bert):
     module = PromptBERTUnsup(str(tiny_bert)).train()
-    counter = FlopCounter(module, Clock(torch.device("cpu")))
+    counter = FlopCounter(module)
     counter.counting = True
-    module.contrastive_loss(SENTENCES)
+    try:
+        module.contrastive_loss(SENTENCES)
+    finally:
+        counter.close()
+    flops, sentence_tokens, _ = counter.totals()
     config = module.transformer.config
     layers, d, f = config.num_hidden_layers, config.hidden_size, config.intermediate_size
     params = layers * (4 * d * d + 2 * d * f)
@@ -32,8 +37,8 @@ def test_flop_count_matches_the_formula_per_row(tiny_bert):
         expected += 3 * sum(forward(len(item.input_ids)) for item in items)
         bias_width = 2 + len(builder.prefix_ids) + len(builder.suffix_ids)
         expected += 3 * len({item.sentence_length for item in items}) * forward(bias_width)
-    assert counter.sentence_tokens == tokens
-    assert counter.flops == expected
+    assert sentence_tokens == tokens
+    assert flops == expected
 
 
 def test_short_run_writes_every_figure(tiny_bert, real_data_root, tmp_path, capsys):
@@ -46,14 +51,30 @@ def test_short_run_writes_every_figure(tiny_bert, real_data_root, tmp_path, caps
           "trainer.precision=bf16-mixed", "--steps", "2", "--warmup", "1", "--device", "cpu", "--peak-tflops", "1",
           "--out", str(out)])
     result = json.loads(out.read_text())
-    assert abs(sum(result["phase_fraction"].values()) - 1) < 1e-9
-    assert result["setup"]["pretokenize"] and result["phase_seconds_mean"]["inputs"] > 0  # ids wrapped in the step
-    fractions = result["phase_fraction"]
-    assert result["data_fraction"] == pytest.approx(fractions["data_wait"] + fractions["inputs"])
-    assert result["steps_per_s"] > 0 and result["real_tokens_per_s"] > 0 and result["model_flops_per_step"] > 0
-    assert result["mfu"] == result["achieved_tflops"]
+    phases, loop = result["phases"], result["loop"]
+    assert abs(sum(phases["phase_fraction"].values()) - 1) < 1e-9
+    assert result["setup"]["pretokenize"] and phases["phase_seconds_mean"]["inputs"] > 0  # ids wrapped in the step
+    fractions = phases["phase_fraction"]
+    assert phases["data_fraction"] == pytest.approx(fractions["data_wait"] + fractions["inputs"])
+    for part in (phases, loop):
+        assert part["steps_per_s"] > 0 and part["real_tokens_per_s"] > 0 and part["model_flops_per_step"] > 0
+        assert part["mfu"] == part["achieved_tflops"]
+    # the same batches (same seed and order) in both: the same work per step
+    assert loop["model_flops_per_step"] == phases["model_flops_per_step"]
+    assert loop["steps"] == 2 and loop["warmup_seconds"] > 0
+    assert result["measured_by"] == "loop" and result["steps_per_s"] == loop["steps_per_s"]
     assert result["setup"]["grad_cache_chunk_size"] == 2 and result["setup"]["precision"] == "bf16-mixed"
-    assert "steps/s" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "loop (train.py's, no synchronisation inside)" in printed and "steps/s" in printed
+
+
+def test_cuda_is_refused_in_one_line_without_a_cuda_device(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SystemExit) as exited:
+        main(["experiment=quickstart_unsup", "--device", "cuda"])
+    assert exited.value.code == ("error: --device cuda: this machine has no CUDA device; use --device cpu "
+                                 "(or auto)")
 
 
 @pytest.mark.parametrize("pretokenize", ["true", "false"])
