@@ -4,6 +4,7 @@ checkpoint every 2 steps), snapshots that prove a folder was left byte-identical
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,14 @@ def fast_overrides(model: Path, root: Path, out: Path, corpus: Path | str = WIKI
 def train_py(*args: str, cwd: Path = REPO, timeout: int = 400) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """train.py as a user's terminal starts it: Ctrl-C (SIGINT) at its default, even when the test suite itself was
+    started in the background of a non-interactive shell, which starts its commands with SIGINT ignored (and Python
+    then installs no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def snapshot(folder: Path) -> dict[str, str]:

@@ -90,7 +90,8 @@ def test_ctrl_c_in_an_optuna_trial_writes_the_study_and_its_table(tiny_bert, rea
              "enqueue": [{"optimizer.lr": 1.0e-4}], "params": {"optimizer.lr": "tag(log, interval(1e-5, 1e-3))"}}
     (configs / "two.yaml").write_text("# @package _global_\n" + yaml.safe_dump({"hparams_search": study}))
     out = tmp_path / "study"
-    proc = train_py(f"--config-dir={tmp_path / 'configs'}", *fast_overrides(tiny_bert, real_data_root, out),
+    searched = [o for o in fast_overrides(tiny_bert, real_data_root, out) if not o.startswith("optimizer.lr=")]
+    proc = train_py(f"--config-dir={tmp_path / 'configs'}", *searched,  # the study sets optimizer.lr
                     "hparams_search=two", *SIGINT_AT, "+callbacks.kill.step=3")
     line = assert_one_line_error(proc, error_starting("interrupted (Ctrl-C) at step 3; resume with: "), status=130)
     trial = out / "trials" / "0"
