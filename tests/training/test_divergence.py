@@ -136,7 +136,8 @@ def test_optuna_search_records_the_failed_trial_and_goes_on(tiny_bert, real_data
         "    optimizer.lr: tag(log, interval(1e-5, 1e-3))\n"
         "    +callbacks.poison.step: choice(99, 1)\n")
     out = tmp_path / "study"
-    proc = train_py(f"--config-dir={tmp_path / 'configs'}", *overrides(tiny_bert, real_data_root, out),
+    searched = [o for o in overrides(tiny_bert, real_data_root, out) if not o.startswith("optimizer.lr=")]
+    proc = train_py(f"--config-dir={tmp_path / 'configs'}", *searched,  # the study sets optimizer.lr
                     "hparams_search=three", "trainer.max_steps=2", "eval_every_n_steps=2", POISON)
     assert proc.returncode == 1, proc.stderr[-3000:]
     study = strict_json(out / "study.json")

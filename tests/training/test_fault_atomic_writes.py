@@ -123,7 +123,12 @@ def test_train_py_at_the_file_size_limit_fails_in_one_line_with_checkpoints_inta
                         data_root=real_data_root, cwd=tmp_path, prefix=f"ulimit -f {size_kb // 2};")
     assert_one_line_error(resumed, r"^error: could not write checkpoint .*: File too large; the checkpoints "
                                      r"written before are intact")
-    assert tree_digest(checkpoints) == before
+    after = tree_digest(checkpoints)
+    assert after["last.ckpt"] == before["last.ckpt"]  # the write that hit the limit left the previous one
+    # a smaller best checkpoint of the resumed steps may have been written before the limit was hit: whatever is
+    # there is whole
+    for name in after:
+        assert torch.load(checkpoints / name, map_location="cpu", weights_only=True)["global_step"] in (2, 4), name
     assert not [p for p in checkpoints.iterdir() if p.name.endswith(PARTIAL_SUFFIX)]
 
 

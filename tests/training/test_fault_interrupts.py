@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ SIGINT_AT = ["+callbacks.kill._target_=tests.helpers.KillAtStep", "+callbacks.ki
 def run_printed_command(line: str) -> subprocess.CompletedProcess:
     """Run the command an `error:` line ends with, as a user pasting it would."""
     command = shlex.split(line.split("resume with: ", 1)[1])
-    assert command[0] == "python" or command[0].endswith("python"), command
+    assert Path(command[0]).name.startswith("python"), command  # python, or the interpreter's path (python3...)
     return train_py(*command[2:])  # the same interpreter and train.py, with exactly the printed arguments
 
 
