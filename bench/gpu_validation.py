@@ -33,7 +33,6 @@ cannot be rehearsed). The report is written whatever happens; the command exits 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -41,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__, "cuda": torch.version.cuda, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
               "rehearsal": args.rehearse, "parts": {}}
     steps = REHEARSAL_STEPS if args.rehearse else args.steps
-    rehearsal = _environment(REHEARSE_CUDA, "1" if args.rehearse else None)  # every train.py the parts start
+    # every train.py the parts start rehearses the CUDA profile; the caller's environment comes back afterwards
+    rehearsal = patch.dict(os.environ, {REHEARSE_CUDA: "1"} if args.rehearse else {})
     with rehearsal, tempfile.TemporaryDirectory(prefix="gpu-validation-") as scratch:
         work = Path(scratch)
         for part in parts:
@@ -307,22 +308,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {', '.join(failed)} did not run to completion (exit codes in the report)", file=sys.stderr)
         return 1
     return 0
-
-
-@contextlib.contextmanager
-def _environment(name: str, value: str | None):
-    """`name=value` in this process's environment inside the block (None: unchanged), as it was after: an in-process
-    caller (a test) keeps its own environment."""
-    before = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
 
 
 def failed_runs(report: dict) -> list[str]:
