@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,15 @@ class RunContext:
 
     def for_trial(self, number: int, overrides: list[str]) -> RunContext:
         return replace(self, trial=number, overrides=tuple(overrides))
+
+
+class RunPaths(BaseModel):
+    """The `paths` group (configs/paths/): runs are written under `<log_dir>/<task_name>/`."""
+
+    model_config = ConfigDict(frozen=True)
+    described_as: ClassVar[str] = "the paths group"
+
+    log_dir: str
 
 
 #: A run started from Python (tests, notebooks): no command line, no Hydra folder, no sweep.

@@ -101,7 +101,7 @@ def yaml_hint(hint):
     if hint in (list, tuple) or origin in (list, tuple, Sequence):
         item = yaml_hint(args[0]) if args else Any
         return list[item] | tuple[item, ...]
-    if hint is dict or origin in (dict, Mapping):
+    if hint is dict or origin in (dict, Mapping) or settings_group(hint) is hint:  # a group: its keys, one by one
         return dict
     if isinstance(hint, type) and issubclass(hint, Path):
         return str
@@ -147,7 +147,7 @@ def describe(hint) -> str:
         return "one of " + ", ".join(str(arg) for arg in args)
     if hint in (list, tuple) or origin in (list, tuple, Sequence):
         return f"a list of {_plural(describe(args[0]))}" if args else "a list"
-    if hint is dict or origin in (dict, Mapping):
+    if hint is dict or origin in (dict, Mapping) or settings_group(hint) is hint:
         return "a mapping"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string", None: "null",
             type(None): "null", Path: "a path"}.get(hint, "")
@@ -250,9 +250,22 @@ def check_targets(node: Any) -> None:
             check_node(prefix, values, *parameter_hints(obj), target_name(obj))
 
 
+def settings_group(hint) -> type[BaseModel] | None:
+    """The settings model a field's hint names (`TemplateSettings`, also `Extras | None`): a config group checked
+    key by key; None for any other hint."""
+    arms = typing.get_args(hint) if _is_union(hint) else (hint,)
+    return next((arm for arm in arms if isinstance(arm, type) and issubclass(arm, BaseModel)), None)
+
+
 def check_settings(container: dict, settings: type[BaseModel]) -> None:
+    """Each key of `container` against its field of `settings`; a field that is itself a settings model (a config
+    group such as `template`) key by key, where a key it does not have is refused."""
     for name, hint in settings_hints(settings).items():
-        if name in container:
+        if name not in container:
+            continue
+        if (group := settings_group(hint)) is not None and isinstance(container[name], dict):
+            check_node(f"{name}.", container[name], settings_hints(group), False, group.described_as)
+        else:
             check_value(name, container[name], hint)
 
 

@@ -3,11 +3,13 @@ constructor (types, bounds, choices), the template against `TemplateSettings` an
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import yaml
 from pydantic import BaseModel
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import check_node, import_target, parameter_hints, settings_hints
+from promptemb.common.validation import check_node, import_target, parameter_hints
 from promptemb.configs import CONFIG_DIR
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import SentenceRule
@@ -20,6 +22,8 @@ def check_backbone(container: dict) -> None:
 
 class TemplateSettings(BaseModel):
     """A `template` group option (configs/template/): one template, or a pair of training views."""
+
+    described_as: ClassVar[str] = "a template option"
 
     text: str | None
     second_text: str | None
@@ -40,7 +44,6 @@ def check_template(container: dict, recipe: str | None) -> None:
     """The `template` node against what uses it: a training recipe (`recipe`: the LightningModule's `_target_`) takes
     as many templates as it has views; evaluate.py (`recipe` None) takes one template or none."""
     template = container.get("template") or {}
-    check_node("template.", template, settings_hints(TemplateSettings), False, "a template option")
     given = [name for name in ("text", "second_text") if template.get(name) is not None]
     if recipe is None:
         if "second_text" in given:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 from promptemb.common.bounds import AtLeastOne, Seed
 from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
+from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import check_device, check_readable_file, check_settings, check_writable_dir
 from promptemb.encoder.loading import check_model_source
 from promptemb.encoder.settings import TemplateSettings, check_backbone, check_template
@@ -52,7 +53,7 @@ class EvaluateSettings(BaseModel):
     data_root: str | None
     task_name: str
     output_dir: str
-    paths: dict
+    paths: RunPaths
     backbone: dict
     template: TemplateSettings
     tasks: list[str]
@@ -111,8 +112,8 @@ class EvaluateSettings(BaseModel):
 def check_evaluate_composition(values: dict) -> None:
     """What a resolved evaluate.py config must satisfy whatever the machine: the types and ranges of its keys, the
     backbone, a single template."""
-    check_template(values, None)
     check_settings(values, EvaluateSettings)
+    check_template(values, None)
     check_backbone(values)
 
 

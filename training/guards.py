@@ -67,7 +67,7 @@ def preflight(settings: TrainSettings, context: RunContext) -> Preflight:
     # the run's own folder: `output_dir=DIR ckpt_path=last` resumes DIR's last.ckpt (a sweep's trials keep resolving
     # `last` to the newest run of the task)
     checkpoint = resume_checkpoint(settings.ckpt_path, settings.resume,
-                                   Path(settings.paths["log_dir"]) / settings.task_name,
+                                   Path(settings.paths.log_dir) / settings.task_name,
                                    run_folder=None if context.multirun else settings.output_dir)
     # a missing, damaged or foreign checkpoint: one line now, not a traceback from Lightning
     resumed = read_checkpoint(checkpoint, argument="ckpt_path") if checkpoint else None
@@ -82,10 +82,9 @@ def preflight(settings: TrainSettings, context: RunContext) -> Preflight:
 
 def apply_extras(settings: TrainSettings) -> None:
     """configs/extras/: silence warnings, log the composed config."""
-    extras = settings.extras or {}
-    if extras.get("ignore_warnings"):
+    if settings.extras.ignore_warnings:
         warnings.filterwarnings("ignore")
-    if extras.get("print_config"):
+    if settings.extras.print_config:
         log.info("config:\n%s", yaml.safe_dump(settings.resolved, sort_keys=False))
 
 

@@ -9,11 +9,13 @@ checked against its constructor's type hints; then the machine, the model files 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from promptemb.common.bounds import AtLeastOne, Seed
 from promptemb.common.device_profile import check_clipping
+from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import (
     check_accelerator,
     check_settings,
@@ -28,6 +30,16 @@ from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
 from promptemb.training.trainer import check_compile
 
 
+class Extras(BaseModel):
+    """The `extras` group (configs/extras/): conveniences around a training run."""
+
+    model_config = ConfigDict(frozen=True)
+    described_as: ClassVar[str] = "the extras group"
+
+    ignore_warnings: bool = False  # silence Python warnings (library deprecation notices)
+    print_config: bool = False  # log the composed, resolved config as YAML when the run starts
+
+
 class TrainSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -40,10 +52,10 @@ class TrainSettings(BaseModel):
     resume: bool
     overwrite: bool = False
     export_dir: str | None
-    paths: dict
+    paths: RunPaths
     backbone: dict  # training reads `name_or_path` alone (through `model.model_name_or_path`)
     template: TemplateSettings
-    extras: dict | None = None
+    extras: Extras = Extras()
     hparams_search: dict | None = None  # an Optuna search (training/optuna_search.py)
     expected_scores: dict | None = None  # read by `make reproduce` from the experiment's file
     model: dict
@@ -82,8 +94,8 @@ class TrainSettings(BaseModel):
 def check_train_composition(values: dict) -> None:
     """What a resolved train.py config must satisfy whatever the machine: types and ranges of every key, and a
     template the recipe can train with."""
-    check_template(values, (values.get("model") or {}).get("_target_"))
     check_settings(values, TrainSettings)
+    check_template(values, (values.get("model") or {}).get("_target_"))
     check_targets(values)
     check_backbone(values)
 
