@@ -33,7 +33,7 @@ from promptemb.common.instantiate import keywords_of, split_keywords
 from promptemb.common.io import atomic_write_json
 from promptemb.data.mined_triplets import mined_summary
 from promptemb.data.tasks import STS_SUITE
-from promptemb.encoder.model import Encoder, Shard, attention_implementation, combine_needs
+from promptemb.encoder.model import BATCH_SIZE, Encoder, Shard, attention_implementation, combine_needs
 from promptemb.evaluation.plots import plot_curve
 from promptemb.evaluation.report import plot_name
 from promptemb.evaluation.scoring_options import ScoringOptions
@@ -51,13 +51,15 @@ SELECTION_POOLER = "mask"  # the one ModelCheckpoint monitors (configs/callbacks
 class EvaluationPlan:
     """When and on what the callback scores: the dev task every `every_n_steps` optimiser steps (and once before
     training) with the module's poolers plus `dev_poolers`; at the end of fit the best checkpoint on `final_tasks`;
-    `shard_evaluation`: under DDP every rank encodes a share of the dev sentences (else rank 0 alone)."""
+    `shard_evaluation`: under DDP every rank encodes a share of the dev sentences (else rank 0 alone); `batch_size`:
+    inputs per encoding batch where batches go by count (the CPU), evaluate.py's default (`BATCH_SIZE`), so evaluate.py
+    on a checkpoint gives the bits this callback reported."""
 
     every_n_steps: AtLeastOne = 125
     dev_task: str = "STSBenchmark-dev"
     dev_poolers: list[str] | tuple[str, ...] = ()
     final_tasks: list[str] | tuple[str, ...] = STS_SUITE
-    batch_size: AtLeastOne = 128
+    batch_size: AtLeastOne = BATCH_SIZE
     evaluate_before_training: bool = True
     score_best_at_end: bool = True
     shard_evaluation: bool = True

@@ -125,6 +125,11 @@ class Truncation:
     truncated: np.ndarray  # bool [N]
 
 
+#: Inputs per batch where batches go by count (`max_batch_tokens="auto"` on the CPU, or null): every encoder's
+#: default, evaluate.py's (configs/backbone/) and the training callback's. A row's float sums can depend on the shape
+#: of its batch, so the callback and evaluate.py must batch alike to give a checkpoint the same bits.
+BATCH_SIZE = 64
+
 #: `max_batch_tokens="auto"` off the CPU: padded tokens per batch (rows x longest row). MiniLM at this budget keeps a
 #: GPU busy (~350 GFLOP per forward) where 64 short sentences (~1,000 tokens) leave it waiting on kernel launches.
 DEVICE_BATCH_TOKENS = 16384
@@ -191,7 +196,7 @@ class Encoder:
         name_or_path: str,
         *,
         device: str = "auto",
-        batch_size: AtLeastOne = 64,
+        batch_size: AtLeastOne = BATCH_SIZE,
         max_length: TokenLimit | None = None,
         dtype: DType = "float32",
         attentions: bool = False,
@@ -253,7 +258,7 @@ class Encoder:
         tokenizer,
         *,
         name: str,
-        batch_size: int = 64,
+        batch_size: int = BATCH_SIZE,
         max_length: int | None = None,
         mlm_head: torch.nn.Module | None = None,
         input_embedder: InputEmbedder | None = None,

@@ -19,7 +19,7 @@ import torch
 
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.loading import resolve_device
-from promptemb.encoder.model import Encoder
+from promptemb.encoder.model import BATCH_SIZE, Encoder
 from promptemb.encoder.template import Template
 from promptemb.inference.prompt_encoder import PromptEncoder, export_block
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint, read_checkpoint
@@ -109,7 +109,7 @@ def from_export(directory: Path, *, device, batch_size: int, attentions: bool,
                         exported.max_sentence_tokens, source)
 
 
-def open_trained_model(name_or_path: str, *, device=None, batch_size: int = 64, attentions: bool = False,
+def open_trained_model(name_or_path: str, *, device=None, batch_size: int = BATCH_SIZE, attentions: bool = False,
                        verify_weights: bool = True) -> TrainedModel | None:
     """The trained model at `name_or_path` (checkpoint, run folder or export), or None for a plain pretrained model.
     `attentions`: load with eager attention (some extra pooler reads attention probabilities); `verify_weights`

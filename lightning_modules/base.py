@@ -26,7 +26,7 @@ from promptemb.encoder.folded_forward import bias_rows_needed, plan_bias_rows, t
 from promptemb.encoder.forward import concat_batches, max_input_length, position_base, template_biases
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
 from promptemb.encoder.loading import load_pretrained
-from promptemb.encoder.model import Encoder
+from promptemb.encoder.model import BATCH_SIZE, Encoder
 from promptemb.encoder.template import SentenceRule, Template
 from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache, check_grad_cache_precision
 from promptemb.lightning_modules.losses import info_nce, world_size
@@ -272,7 +272,7 @@ class PromptContrastiveModule(pl.LightningModule):
         """Poolers a checkpoint is scored with (at least [MASK] and avg)."""
         raise NotImplementedError
 
-    def evaluation_encoder(self, batch_size: int = 128) -> Encoder:
+    def evaluation_encoder(self, batch_size: int = BATCH_SIZE) -> Encoder:
         return Encoder.from_model(self.transformer, self.tokenizer, name=self.hparams.model_name_or_path,
                                   batch_size=batch_size, max_length=self.max_length,
                                   input_embedder=self.input_embedder)

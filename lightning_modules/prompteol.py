@@ -33,7 +33,7 @@ from promptemb.encoder.decoder import (
 )
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.loading import DTYPES, DType, check_quantization, load_pretrained, quantization_kwargs
-from promptemb.encoder.model import Encoder
+from promptemb.encoder.model import BATCH_SIZE, Encoder
 from promptemb.encoder.pooling import Needs
 from promptemb.encoder.template import SentenceRule, Template
 from promptemb.lightning_modules.base import DEFAULT_OPTIMIZER, DEFAULT_SCHEDULER, PromptContrastiveModule
@@ -185,7 +185,7 @@ class PromptEOLSup(PromptContrastiveModule):
     def eval_poolers(self) -> list[Pooler]:
         return [self.pooler]
 
-    def evaluation_encoder(self, batch_size: int = 128) -> Encoder:
+    def evaluation_encoder(self, batch_size: int = BATCH_SIZE) -> Encoder:
         return Encoder.from_model(self.transformer, self.tokenizer, name=self.hparams.model_name_or_path,
                                   batch_size=batch_size, max_length=self.max_length,
                                   padding_side=self.hparams.padding_side)
