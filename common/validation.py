@@ -101,7 +101,7 @@ def yaml_hint(hint):
     if hint in (list, tuple) or origin in (list, tuple, Sequence):
         item = yaml_hint(args[0]) if args else Any
         return list[item] | tuple[item, ...]
-    if hint is dict or origin in (dict, Mapping) or settings_group(hint) is hint:  # a group: its keys, one by one
+    if hint is dict or origin in (dict, Mapping) or settings_group(hint) is not None:  # a group: its keys, one by one
         return dict
     if isinstance(hint, type) and issubclass(hint, Path):
         return str
@@ -147,7 +147,7 @@ def describe(hint) -> str:
         return "one of " + ", ".join(str(arg) for arg in args)
     if hint in (list, tuple) or origin in (list, tuple, Sequence):
         return f"a list of {_plural(describe(args[0]))}" if args else "a list"
-    if hint is dict or origin in (dict, Mapping) or settings_group(hint) is hint:
+    if hint is dict or origin in (dict, Mapping) or settings_group(hint) is not None:
         return "a mapping"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string", None: "null",
             type(None): "null", Path: "a path"}.get(hint, "")
@@ -251,10 +251,9 @@ def check_targets(node: Any) -> None:
 
 
 def settings_group(hint) -> type[BaseModel] | None:
-    """The settings model a field's hint names (`TemplateSettings`, also `Extras | None`): a config group checked
-    key by key; None for any other hint."""
-    arms = typing.get_args(hint) if _is_union(hint) else (hint,)
-    return next((arm for arm in arms if isinstance(arm, type) and issubclass(arm, BaseModel)), None)
+    """The settings model a field's hint is (`TemplateSettings`, `Extras`): a config group checked key by key; None
+    for any other hint."""
+    return hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
 
 
 def check_settings(container: dict, settings: type[BaseModel]) -> None:
