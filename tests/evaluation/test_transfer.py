@@ -9,7 +9,7 @@ import pytest
 import torch
 from sklearn.model_selection import StratifiedKFold
 
-from promptemb.common.device_profile import matmul_precision, set_matmul_precision
+from promptemb.common.device_profile import matmul_precision, preserved_matmul_precision, set_matmul_precision
 from promptemb.common.errors import DataError
 from promptemb.evaluation.transfer import (
     ClassifierConfig,
@@ -307,16 +307,14 @@ def test_transfer_on_a_device_in_full_float32():
         seen.append((matmul_precision(), onednn.fp32_precision))
         return original(*args, **kwargs)
 
-    before = (onednn.fp32_precision, matmul_precision())
-    set_matmul_precision("tf32")
-    onednn.fp32_precision = "bf16"
-    try:
-        torch.bmm = spy
-        on_device = evaluate_transfer(data, x, TINY, device="cpu")
-    finally:
-        torch.bmm = original
+    with preserved_matmul_precision():
+        set_matmul_precision("tf32")
+        onednn.fp32_precision = "bf16"
+        try:
+            torch.bmm = spy
+            on_device = evaluate_transfer(data, x, TINY, device="cpu")
+        finally:
+            torch.bmm = original
         assert (matmul_precision(), onednn.fp32_precision) == ("tf32", "bf16")
-        onednn.fp32_precision = before[0]
-        set_matmul_precision(before[1])
     assert seen and set(seen) == {("ieee", "ieee")}
     assert on_device == evaluate_transfer(data, x, TINY) and on_device["steps"] > 0

@@ -19,7 +19,13 @@ from torch.utils.data import DataLoader
 
 from bench import gpu_validation
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
-from promptemb.common.device_profile import DeviceProfile, exact_matmuls, matmul_precision, set_matmul_precision
+from promptemb.common.device_profile import (
+    DeviceProfile,
+    exact_matmuls,
+    matmul_precision,
+    preserved_matmul_precision,
+    set_matmul_precision,
+)
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.lightning_modules import base
@@ -322,9 +328,8 @@ def test_two_rank_ddp_prepares_data_once_and_keeps_one_run_folder(tiny_bert, rea
 
 
 def test_tf32_is_on_for_cuda_training_only_and_off_while_scoring():
-    saved = matmul_precision()
-    set_matmul_precision("ieee")
-    try:
+    with preserved_matmul_precision():
+        set_matmul_precision("ieee")
         assert not Trainer(accelerator="cpu", logger=False, enable_checkpointing=False).tf32
         assert matmul_precision() == "ieee"
         assert DeviceProfile("cuda").apply_training_matmul_precision()  # what a CUDA trainer does
@@ -332,21 +337,16 @@ def test_tf32_is_on_for_cuda_training_only_and_off_while_scoring():
         with exact_matmuls():  # every scoring forward (Encoder.encode_form)
             assert matmul_precision() == "ieee"
         assert matmul_precision() == "tf32"
-    finally:
-        set_matmul_precision(saved)
 
 
 def test_scoring_forwards_run_with_tf32_off_after_training_turned_it_on(encoder, monkeypatch):
     seen = []
     forward = encoder.forward
     monkeypatch.setattr(encoder, "forward", lambda *a, **k: (seen.append(matmul_precision()), forward(*a, **k))[1])
-    saved = matmul_precision()
-    set_matmul_precision("tf32")
-    try:
+    with preserved_matmul_precision():
+        set_matmul_precision("tf32")
         encoder.embed(["a man plays", "a dog runs"], [MeanPooler()])
         assert seen and set(seen) == {"ieee"} and matmul_precision() == "tf32"
-    finally:
-        set_matmul_precision(saved)
 
 
 def test_adamw_implementation_is_chosen_by_the_device_profile():
