@@ -4,7 +4,6 @@ final scoring on the training device, gradient caching under autocast, resuming 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import subprocess
@@ -17,7 +16,6 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from bench import gpu_validation
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.common.device_profile import (
     DeviceProfile,
@@ -500,54 +498,6 @@ def test_two_nodes_of_one_process_equal_one_process_on_the_joined_batch(tiny_ber
             torch.testing.assert_close(got["grads"][name], grad, rtol=1e-8, atol=1e-12, msg=name)
 
 
-# -- bench/gpu_validation.py on a machine without CUDA -----------------------------------------------------------
-
-
-def test_gpu_validation_refuses_the_cuda_parts_in_one_line_without_cuda(tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("checks the refusal on a machine without CUDA")
-    proc = subprocess.run([sys.executable, "bench/gpu_validation.py", "--parts", "recipes,pytest,throughput,quickstart",
-                           "--out", str(tmp_path / "report")], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "error: recipes, pytest, throughput, quickstart need a CUDA GPU and this machine has none "
-        "(torch.cuda.is_available() is False; --rehearse runs the others on the CPU); nothing else to run"]
-    assert not (tmp_path / "report").exists()  # refused before any work
-    proc = subprocess.run([sys.executable, "bench/gpu_validation.py", "--rehearse", "--parts", "pytest",
-                           "--out", str(tmp_path / "report")], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "error: pytest cannot be rehearsed on the CPU; nothing else to run"]
-    assert not (tmp_path / "report").exists()
-
-
-def test_gpu_validation_runs_the_rest_and_writes_one_report(tmp_path, monkeypatch, capsys):
-    """Without CUDA: the CUDA-only part is refused in one line, the suite part runs (its evaluate.py subprocess
-    stubbed here: the real one is the evaluation suite), one JSON and one markdown report."""
-    if torch.cuda.is_available():
-        pytest.skip("checks the refusal on a machine without CUDA")
-    calls = []
-    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks, limit: calls.append(tasks) or {
-        "command": "python evaluate.py ...", "exit_code": 0, "wall_s": 1.5, "tail": ["scores"]})
-    assert gpu_validation.main(["--parts", "quickstart,suite", "--suite-tasks", "STSBenchmark",
-                                "--out", str(tmp_path)]) == 0
-    assert capsys.readouterr().err.strip().splitlines() == [
-        "error: quickstart needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False; --rehearse "
-        "runs the others on the CPU); running the rest"]
-    report = json.loads((tmp_path / "gpu_validation.json").read_text())
-    assert calls == ["STSBenchmark"] and report["device"] == "CPU (no CUDA)"
-    assert report["parts"]["quickstart"] == {"refused": "needs a CUDA GPU; this machine has none"}
-    assert report["parts"]["suite"]["wall_s"] == 1.5
-    text = (tmp_path / "gpu_validation.md").read_text()
-    assert text.startswith("# GPU validation: CPU (no CUDA)") and "refused: needs a CUDA GPU" in text
-
-
-def test_gpu_validation_knows_the_dense_bf16_peaks():
-    assert gpu_validation.dense_bf16_peak("NVIDIA H100 80GB HBM3") == 989.0
-    assert gpu_validation.dense_bf16_peak("NVIDIA H100 PCIe") == 756.0
-    assert gpu_validation.dense_bf16_peak("NVIDIA H200") == 989.0
-    assert gpu_validation.dense_bf16_peak("Some GPU") is None
-
-
 def test_scoring_is_float32_by_default_on_every_device(monkeypatch):
     """The default of evaluate.py (every backbone config) and of the training evaluation (`evaluation_encoder` ->
     `Encoder.from_model`) is `none`: float32 forwards on a CUDA device with bf16 too (emulated), so the scores are the
@@ -624,12 +574,3 @@ def test_evaluation_under_bf16_autocast_pools_in_float32(tiny_bert):
             np.linalg.norm(got[name], axis=1) * np.linalg.norm(expected[name], axis=1))
         assert cosines.min() > 0.99, (name, cosines)
         assert not np.array_equal(got[name], expected[name])  # bf16 matmuls really ran
-
-
-def test_gpu_validation_exits_1_when_a_part_that_ran_failed(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks, limit: {
-        "command": "python evaluate.py ...", "exit_code": 2, "wall_s": 1.5, "tail": ["error: ..."]})
-    assert gpu_validation.main(["--parts", "suite", "--suite-tasks", "STSBenchmark", "--out", str(tmp_path)]) == 1
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: suite did not run to completion (exit codes in the report)")
-    assert json.loads((tmp_path / "gpu_validation.json").read_text())["parts"]["suite"]["exit_code"] == 2
