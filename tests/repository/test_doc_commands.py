@@ -99,8 +99,8 @@ SCRIPT_SHORT = {
     "scripts/ditto_head_search.py": [(r"$", " --model {tiny}")],
     "scripts/export_roundtrip.py": [],
     "bench/evaluation_suite.py": [],                                 # its synopsis above is concrete already
-    # without CUDA it refuses the GPU parts in one line and runs the rest: the evaluation suite, here on one task
-    "bench/gpu_validation.py": [(r"$", " --parts suite --suite-tasks STSBenchmark")],
+    # without CUDA: its plan rehearsed on the CPU, here the matmul peak alone
+    "bench/gpu_validation.py": [(r"$", " --rehearse --parts matmul_peak")],
     "bench/encode_throughput.py": [],                                # its synopsis above is concrete already
     "bench/corpus_preparation.py": [(r"--lines [\d ]+", "--lines 3000 ")],
     "promptemb.research.template_search": [(r"--register (\S+)", r"--register \1 --configs-dir configs"),
