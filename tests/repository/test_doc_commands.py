@@ -47,6 +47,7 @@ PLACEHOLDERS = [
     (r"output_dir=OUT\b", "output_dir=out"),
     (r"export_dir=exports/minilm-promptbert", "export_dir=exports/at-fit-end"),  # the block's export.py wrote that one
     (r"dims=\[384,128,64\]", "dims=[48,16,8]"),                      # Matryoshka widths of MiniLM -> of the tiny BERT
+    (r"\bmodel:(splade-tiny|all-mpnet-base-v2)\b", "{tiny}"),      # a fetched model (a download) -> the tiny BERT
 ]
 #: Doc lines that are a synopsis rather than a command -> the concrete command run for them.
 SYNOPSES = {
