@@ -366,7 +366,7 @@ def gpu_cpu_scores(ctx: Context, limit: float) -> tuple[dict, str]:
     record["result"] = {"device": device_scores, "cpu": cpu, "difference": differences,
                         "max_abs_difference": max(map(abs, differences.values())), "goal": SCORE_GOAL}
     worst = record["result"]["max_abs_difference"]
-    return record, (f"max |device - CPU| {worst:.4f} (goal <= {SCORE_GOAL}): "
+    return record, (f"max abs(device - CPU) {worst:.4f} (goal <= {SCORE_GOAL}): "
                     + ", ".join(f"{task} {value:+.4f}" for task, value in differences.items()))
 
 
