@@ -54,6 +54,6 @@ compare: install
 # 2.6.6) and .ci/constraints.txt (the torch 2.13.0 CPU wheel), rebuilt only when a pin or pyproject.toml changes;
 # prints the versions, then runs in it the CUDA-profile rehearsal tests, the folded-forward and encoder tests,
 # `bench/gpu_validation.py --rehearse` and its encode part shortened; exits 1 when one fails (scripts/image_versions.sh,
-# docs/benchmarks.md "Image versions check"; 20-40 minutes on the shared 2-core CPU, by its load).
+# docs/benchmarks.md "Image versions check"; 15-40 minutes on the shared 2-core CPU, by its load).
 image-versions:
 	bash scripts/image_versions.sh
