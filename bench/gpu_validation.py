@@ -183,6 +183,7 @@ class Context:
     data_root: str | None
     rehearse: bool
     deadline: float  # time.time()
+    suite_tasks: str = SUITE_TASKS
     models: dict[str, Path] = field(default_factory=dict)
     report: dict = field(default_factory=dict)
 
@@ -303,7 +304,7 @@ def train_loop(ctx: Context, limit: float) -> tuple[dict, str]:
 
 def suite(ctx: Context, limit: float) -> tuple[dict, str]:
     figures = ctx.work / "suite.json"
-    tasks = REHEARSAL_SUITE_TASKS if ctx.rehearse else SUITE_TASKS
+    tasks = ctx.suite_tasks
     record = run([sys.executable, "bench/evaluation_suite.py", "--model", MINILM, "--tasks", tasks, "--output",
                   figures, *ctx.data_override()], limit)
     if figures.is_file():
@@ -503,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"seconds since the epoch by which everything ends (default: {BUDGET - SETUP_ALLOWANCE} "
                              "s from now; a rehearsal: none)")
     parser.add_argument("--data-root", default=None)
+    parser.add_argument("--suite-tasks", default=None,
+                        help=f"the suite's evaluate.py tasks (default {SUITE_TASKS}; a rehearsal: "
+                             f"{REHEARSAL_SUITE_TASKS})")
     parser.add_argument("--rehearse", action="store_true",
                         help="the same plan on the CPU with the CUDA device profile, tiny models, small workloads")
     args = parser.parse_args(argv)
@@ -545,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     # every train.py the parts start rehearses the CUDA profile; the caller's environment comes back afterwards
     rehearsal = patch.dict(os.environ, {REHEARSE_CUDA: "1"} if args.rehearse else {})
     with stopping_kills_the_running_part(), rehearsal, tempfile.TemporaryDirectory(prefix="gpu-") as scratch:
-        ctx = Context(Path(scratch), args.data_root, args.rehearse, deadline, report=report)
+        tasks = args.suite_tasks or (REHEARSAL_SUITE_TASKS if args.rehearse else SUITE_TASKS)
+        ctx = Context(Path(scratch), args.data_root, args.rehearse, deadline, tasks, report=report)
         for part in plan:
             report["parts"][part.name] = run_part(ctx, part, refused)
             write_report(args.out, report)

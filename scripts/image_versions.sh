@@ -5,7 +5,8 @@
 # sentence-transformers, pytorch-lightning) next to .ci/constraints.txt (the torch CPU wheel), then the wheels that
 # ../shared/gpu/prepare.sh carries to the image installed over it with --no-deps, as .gpu/setup.sh does there
 # (.ci/image-carried.txt, checked against prepare.sh's list). Prints the versions that run, then runs in it
-#   1. the CUDA-profile rehearsal tests (tests/training/test_cuda_profile_recipes.py, test_gpu_path.py; and
+#   1. the CUDA-profile rehearsal tests (tests/training/test_cuda_profile_recipes.py, test_cuda_surface.py,
+#      test_gpu_path.py; and
 #      test_gpu_cuda.py, `pytest -m gpu` on the GPU: collected here, its tests skip),
 #   2. the folded-forward and encoder tests (tests/encoder/, tests/lightning_modules/test_compiled_step.py with its
 #      slow compiled-step test, tests/repository/test_train_throughput.py),
@@ -26,12 +27,10 @@ pins=.ci/image-versions.txt
 carried=.ci/image-carried.txt
 prepare=${IMAGE_PREPARE:-../shared/gpu/prepare.sh}
 python=${IMAGE_PYTHON:-python3}
-# gpu_validation.py's parts that rehearse the CUDA runs, and its suite on one STS task (the whole suite runs minutes
-# here); `pytest` cannot be rehearsed; `encode` runs below, shortened. The part limits are the GPU's (recipes 360 s,
-# quickstart 300 s); on this shared 2-core CPU the rehearsal needs more (seen at load 15: 3 recipes in 282 s, the
-# quickstart 298 s), so they are raised as tests/repository/test_benches.py raises them.
-gv_args=${IMAGE_GV_ARGS-"--parts recipes,throughput,quickstart,suite --suite-tasks STSBenchmark --recipes-limit 1500 \
---throughput-limit 600 --quickstart-limit 600 --suite-limit 600"}
+# gpu_validation.py's plan rehearsed on the CPU (no deadline: the CPU takes what it takes), its suite on one STS task
+# (the rehearsal's default, one task of each family, runs minutes here); `pytest_gpu` cannot be rehearsed.
+gv_args=${IMAGE_GV_ARGS-"--parts paper_recipe,matmul_peak,train_loop,suite,encode,gpu_cpu_scores,other_recipes \
+--suite-tasks STS16"}
 started=$SECONDS
 requirements() { sed 's/#.*//; s/[[:space:]]//g; /^$/d' "$1" | sort; }
 
@@ -108,7 +107,8 @@ step() {  # step NAME COMMAND...: runs it, records PASS/FAIL with its wall time
 }
 # test_gpu_cuda.py is what `pytest -m gpu` runs on the GPU: here it is collected (imports) and its tests skip
 step "CUDA-profile rehearsal tests" "$py" -m pytest -p no:cacheprovider -q \
-    tests/training/test_cuda_profile_recipes.py tests/training/test_gpu_path.py tests/training/test_gpu_cuda.py
+    tests/training/test_cuda_profile_recipes.py tests/training/test_cuda_surface.py tests/training/test_gpu_path.py \
+    tests/training/test_gpu_cuda.py
 # every test of these files: the only slow one is the compiled training step (Inductor on the folded forward)
 step "folded-forward and encoder tests" "$py" -m pytest -p no:cacheprovider -q -m "slow or not slow" tests/encoder \
     tests/lightning_modules/test_compiled_step.py tests/repository/test_train_throughput.py
