@@ -31,7 +31,7 @@ from promptemb.training import rng_state
 from promptemb.training.trainer import Trainer
 from tests.common.test_validation import run, train_overrides
 from tests.conftest import REPO
-from tests.helpers import assert_close_scaled, assert_one_line_error
+from tests.helpers import assert_close_scaled, assert_one_line_error, assert_tensors_close
 from tests.lightning_modules.test_grad_cache import SENTENCES
 from tests.training.test_ddp import free_port
 from tests.training.test_train import WIKI_SAMPLE, checked, compose_train
@@ -426,19 +426,22 @@ def test_compiled_backbone_trains_to_the_same_weights_on_cpu(tiny_bert):
         torch.manual_seed(0)
         module = PromptBERTUnsup(str(tiny_bert), optimizer=functools.partial(torch.optim.SGD, lr=1.0))
         names = sorted(name for name, _ in module.named_parameters())
+        start = {name: p.detach().clone() for name, p in module.named_parameters()}
         trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, compile=compile)
         torch.manual_seed(1)
         trainer.fit(module, DataLoader([batch], batch_size=None, collate_fn=lambda b: b))
         assert sorted(name for name, _ in module.named_parameters()) == names
-        return {name: p.detach().clone() for name, p in module.named_parameters()}, module
+        return {name: p.detach() - start[name] for name, p in module.named_parameters()}, module
 
     eager, _ = one_step(False)
     compiled, module = one_step(True)
     assert module.training_call is not None  # the training step's transformer call compiled,
     assert module.transformer._compiled_call_impl is None  # the module itself (evaluation's) left eager
-    for name, value in eager.items():
-        assert_close_scaled(compiled[name], value, 1e-4, msg=name)  # Inductor's fused sums: of the largest entry
+    # the steps (-lr x gradient of a float32 model, InfoNCE's 1/τ = 20 amplifying the fused kernels' round-off), each
+    # to 1e-3 of its largest entry or of the largest of all (a gradient summing many tokens' terms that cancel
+    # carries round-off of the others' scale): observed up to 7.4e-5 of the largest step (AVX-512, 2 threads)
+    assert_tensors_close(compiled, eager, 1e-3)
 
 
 def test_encoder_compile_where_it_cannot_work_is_one_line_before_loading(tiny_bert, tmp_path):
