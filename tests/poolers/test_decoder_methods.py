@@ -1,5 +1,5 @@
 """Decoder prompt methods against plain re-computations of their official code (tests/decoder_references.py), on
-tiny random LLaMA- and OPT-family decoders: float32, relative error <= 1e-4."""
+tiny random LLaMA- and OPT-family decoders: float32, error <= 1e-5 of the largest entry."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from tests.decoder_references import (
     last_token_reference,
     token_prepending_reference,
 )
+from tests.helpers import assert_close_scaled
 
 SHORT = SENTENCES[:5]
 
@@ -39,10 +40,9 @@ def decoder(request, tmp_path_factory):
 
 
 def assert_close(actual: np.ndarray, expected: torch.Tensor) -> None:
-    expected = expected.float().numpy()
-    assert actual.shape == expected.shape
-    relative = np.abs(actual - expected).max() / np.abs(expected).max()
-    assert relative <= 1e-4, relative
+    """The official code's float32 forward against ours (other batch shapes, other kernels): to 1e-5 of the
+    embeddings' largest entry (observed up to 4.2e-7 under AVX-512, AVX2 and one thread)."""
+    assert_close_scaled(actual, expected.float(), 1e-5)
 
 
 @pytest.mark.parametrize(("name", "templates", "layer"), [
