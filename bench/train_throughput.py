@@ -437,6 +437,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--steps and --warmup must be at least 1 (the first step creates the optimiser's state)")
     if args.threads:
         torch.set_num_threads(args.threads)
+    from bench.loop import check_overrides
+
+    try:
+        check_overrides(overrides)
+    except UserError as err:
+        sys.exit(f"error: {err}")
     with tempfile.TemporaryDirectory(prefix="train-throughput-model-") as scratch:
         if args.random_bert:
             from bench.step_counts import parse_random_bert, save_random_bert

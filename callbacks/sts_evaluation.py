@@ -104,6 +104,15 @@ class STSEvaluationCallback(pl.Callback):
         session = ScoringSession(settings, data_root, other_poolers=plan.dev_poolers, poolers_required=False)
         return cls(session, output_dir, plan, provenance)
 
+    @classmethod
+    def check_config(cls, node: dict) -> None:
+        """What `from_config` refuses about the scoring (poolers, post-processors, their arguments), checked with
+        train.py's settings, before any model loads."""
+        keys = {key: value for key, value in node.items() if key not in ("_target_", "output_dir", "data_root",
+                                                                           "provenance")}
+        settings, plan = split_keywords(keys, *CONFIG_SETTINGS)
+        ScoringSession(settings, None, other_poolers=plan.dev_poolers, poolers_required=False)
+
     def poolers_for(self, module, extra: list[str]) -> list[Pooler]:
         """The module's evaluation poolers, then each extra one whose name they do not already use."""
         return merge_poolers(module.eval_poolers(), self.session.build_poolers(extra), self.session.pooler_args,

@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from promptemb.common.errors import ConfigError
 from promptemb.common.hydra_bridge import compose, compose_run_dir
 from promptemb.common.overrides import first_of_sweeps
-from promptemb.common.validation import check_writable_dir
+from promptemb.common.validation import COMPOSITION, Settings, UnknownKeyError, check_writable_dir
 from promptemb.configs import CONFIG_DIR
 
 #: The config each entry point composes (`encode` = `promptemb-encode`, evaluate.py's encode mode).
@@ -249,12 +249,33 @@ def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
     check_writable_dir("output_dir", run_dir)
 
 
-def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[list[str]], None]) -> None:
+def check_sweep_keys(entry: str, argv: list[str], settings: type[Settings]) -> None:
+    """Under -m, a key no job's config has (a `+key=...` Hydra accepts): refused once, before Hydra writes the sweep's
+    folder, rather than recorded as a failure of every job. The first job's composition is checked; any other
+    refusal is the job's own (another value of a sweep may be valid)."""
+    flags = [arg for arg in argv if arg.startswith("-")]
+    if not flags or any(flag not in MULTIRUN_FLAGS for flag in flags):
+        return
+    try:
+        overrides = [arg for arg in argv if not arg.startswith(("-", "hydra.", "hydra/"))]
+        values = compose(CONFIG_NAMES[entry], first_of_sweeps(overrides))
+        settings.model_validate(values, context=COMPOSITION)
+    except UnknownKeyError:
+        raise
+    except Exception:  # a value a job refuses, or overrides that do not compose: the jobs and Hydra report them
+        pass
+
+
+def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[list[str]], None],
+                       settings: type[Settings] | None = None) -> None:
     """Every check before Hydra composes the config of `entry` (train | evaluate | encode | export), with the entry
-    point's own `entry_checks` of its overrides; raises a one-line ConfigError."""
+    point's own `entry_checks` of its overrides, and under -m the keys of its `settings`; raises a one-line
+    ConfigError."""
     check_renamed_keys(entry, argv)
     check_override_syntax(argv)
     for check in entry_checks:
         check(argv)
     check_override_keys(entry, argv)
+    if settings is not None:
+        check_sweep_keys(entry, argv, settings)
     check_run_dir_before_hydra(CONFIG_NAMES[entry], argv)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from promptemb.common.validation import Settings
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,8 @@ class RunContext:
         return replace(self, trial=number, overrides=tuple(overrides))
 
 
-class RunPaths(BaseModel):
+class RunPaths(Settings):
     """The `paths` group (configs/paths/): runs are written under `<log_dir>/<task_name>/`."""
-
-    model_config = ConfigDict(frozen=True)
     described_as: ClassVar[str] = "the paths group"
 
     log_dir: str

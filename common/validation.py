@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import functools
 import inspect
 import tempfile
@@ -17,11 +18,11 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from annotated_types import Interval, Predicate
 from hydra.utils import get_object
-from pydantic import BaseModel, FiniteFloat, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, FiniteFloat, TypeAdapter, ValidationError
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.instantiate import KEYWORD_SETTINGS
@@ -213,7 +214,7 @@ def check_node(prefix: str, node: dict, hints: dict[str, Any], open_keywords: bo
             continue
         key = f"{prefix}{name}"
         if name not in hints and not open_keywords:
-            raise ConfigError(f"{key} is not a parameter of {owner}; valid: {', '.join(sorted(hints))}")
+            raise not_a_key(key, hints, owner, "a parameter")
         check_value(key, value, hints.get(name, Any))
 
 
@@ -242,12 +243,77 @@ def target_nodes(node: Any, prefix: str = "") -> list[tuple[str, dict, Any]]:
     return found
 
 
+def check_node_maps(container: dict, *keys: str) -> None:
+    """`callbacks`, `logger`: a `_target_` node, or a map of them (or null); any other entry would be built as a plain
+    value, so it is a key the map does not have."""
+    for key in keys:
+        nodes = container.get(key) or {}
+        if "_target_" in nodes:
+            continue
+        valid = [name for name, node in nodes.items() if isinstance(node, dict) and "_target_" in node]
+        for name, node in nodes.items():
+            if node is not None and name not in valid:
+                raise not_a_key(f"{key}.{name}", valid, f"{key} (a map of `_target_` nodes)")
+
+
 def check_targets(node: Any) -> None:
     """Every `_target_` node in the tree against its class's constructor or its function (a learning-rate
     schedule); all targets are imported first, so each module's `declare_hints` is in place."""
     for prefix, values, obj in target_nodes(node):
         if callable(obj):  # a class, a function (a learning-rate schedule) or a classmethod factory
             check_node(prefix, values, *parameter_hints(obj), target_name(obj))
+
+
+def closest(name: str, names) -> str | None:
+    """The valid name closest to `name` ("did you mean"), None when none is close."""
+    return next(iter(difflib.get_close_matches(name, sorted(map(str, names)), n=1, cutoff=0.6)), None)
+
+
+class UnknownKeyError(ConfigError):
+    """A key its config, group or constructor does not have: wrong in every job of a sweep alike."""
+
+
+def not_a_key(key: str, names, owner: str, noun: str = "a key") -> UnknownKeyError:
+    """The one line for a key `owner` does not have, naming the closest valid one (else the valid ones)."""
+    parent, _, leaf = key.rpartition(".")
+    guess = closest(leaf, names)
+    fix = f"did you mean {parent}{'.' * bool(parent)}{guess}?" if guess else f"valid: {', '.join(sorted(names))}"
+    return UnknownKeyError(f"{key} is not {noun} of {owner}; {fix}")
+
+
+#: `model_validate(values, context=COMPOSITION)`: the composition alone (types, keys, what the values say about each
+#: other), without what only the machine and the file system can refute (a multirun's command line previews a job).
+COMPOSITION = "composition"
+
+
+class Settings(BaseModel):
+    """A command's settings or a config group's: a key it does not declare is refused (pydantic's `extra="forbid"`),
+    and `model_validate` answers a pydantic error with one `ConfigError` line naming the key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    described_as: ClassVar[str] = "the config"
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs):
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as err:
+            raise refusal(err, cls) from None
+
+
+def refusal(err: ValidationError, settings: type[BaseModel]) -> ConfigError:
+    """pydantic's first error as one line: an unknown key with the closest valid one, else `key=value: msg`."""
+    error = next((e for e in err.errors() if e["type"] == "extra_forbidden"), err.errors()[0])
+    key = ".".join(map(str, error["loc"]))
+    if error["type"] == "missing":
+        return ConfigError(f"{key}: {error['msg']}")
+    if error["type"] != "extra_forbidden":
+        return ConfigError(f"{key}={error['input']!r}: {error['msg']}")
+    owner = settings
+    for part in error["loc"][:-1]:  # the settings model (group) the key was given in
+        hint = owner.model_fields[part].annotation
+        owner = next(arm for arm in (hint, *typing.get_args(hint)) if settings_group(arm) is not None)
+    return not_a_key(key, [name for name in owner.model_fields if name != "resolved"], owner.described_as)
 
 
 def settings_group(hint) -> type[BaseModel] | None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import yaml
-from pydantic import BaseModel
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import check_node, import_target, parameter_hints
+from promptemb.common.validation import Settings, check_node, import_target, parameter_hints
 from promptemb.configs import CONFIG_DIR
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import SentenceRule
@@ -20,7 +19,7 @@ def check_backbone(container: dict) -> None:
                "Encoder (the backbone)")
 
 
-class TemplateSettings(BaseModel):
+class TemplateSettings(Settings):
     """A `template` group option (configs/template/): one template, or a pair of training views."""
 
     described_as: ClassVar[str] = "a template option"

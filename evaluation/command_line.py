@@ -74,11 +74,13 @@ def check_mode_keys(default_mode: str) -> Callable[[list[str]], None]:
 
 
 def main() -> None:
-    exit_on_user_error(check_command_line)("evaluate", sys.argv[1:], check_mode_keys("score"))
+    exit_on_user_error(check_command_line)("evaluate", sys.argv[1:], check_mode_keys("score"),
+                                           settings=EvaluateSettings)
     evaluate_task()
 
 
 def encode_main() -> None:
     """`promptemb-encode`: evaluate.py's encode mode under its own name (configs/encode.yaml)."""
-    exit_on_user_error(check_command_line)("encode", sys.argv[1:], check_mode_keys("encode"))
+    exit_on_user_error(check_command_line)("encode", sys.argv[1:], check_mode_keys("encode"),
+                                           settings=EvaluateSettings)
     encode_task()

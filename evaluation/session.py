@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.validation import not_a_key
 from promptemb.data.fit_corpora import Corpora
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, TaskSpec, get_tasks, load_registry
@@ -35,9 +36,9 @@ def protocol_config(kind, overrides, key: str):
     """`ClassifierConfig` / `ClusteringConfig` with the config's overrides (an unknown field is a config error)."""
     values = dict(overrides or {})
     valid = list(kind.__dataclass_fields__)
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise ConfigError(f"unknown {key} field(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    for name in values:
+        if name not in valid:
+            raise not_a_key(f"{key}.{name}", valid, f"{key} ({kind.__name__})")
     return kind(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
 
 
@@ -54,6 +55,9 @@ class ScoringSession:
         self.data_root = data_root
         self.pooler_args = dict(settings.pooler_args or {})
         names = [*settings.poolers, *(name for name in other_poolers if name not in settings.poolers)]
+        if self.pooler_args and not names:  # arguments no pooler would read
+            raise ConfigError(f"pooler_args given for {', '.join(sorted(self.pooler_args))}, which is not in "
+                              "poolers=[]")
         built = build_poolers(names, self.pooler_args) if names or poolers_required else []
         self.poolers = built[:len(settings.poolers)]
         self.posts = build_posts(list(settings.post), dict(settings.post_args or {}))

@@ -9,14 +9,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from promptemb.common.bounds import AtLeastOne, Seed
 from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
-from promptemb.common.validation import check_device, check_readable_file, check_settings, check_writable_dir
+from promptemb.common.validation import (
+    COMPOSITION,
+    Settings,
+    check_device,
+    check_readable_file,
+    check_settings,
+    check_writable_dir,
+)
 from promptemb.encoder.loading import check_model_source
 from promptemb.encoder.settings import TemplateSettings, check_backbone, check_template
 from promptemb.evaluation.scoring_options import check_dims
@@ -44,10 +52,10 @@ class ScoringSettings:
         check_dims(self.dims, width=0)  # integers >= 1, none twice; the model's width is checked once it loads
 
 
-class EvaluateSettings(BaseModel):
+class EvaluateSettings(Settings):
     """evaluate.py's keys; `backbone` holds `Encoder`'s keyword arguments, checked against its constructor."""
 
-    model_config = ConfigDict(frozen=True)
+    described_as: ClassVar[str] = "evaluate.py's config"
 
     mode: str
     data_root: str | None
@@ -64,9 +72,9 @@ class EvaluateSettings(BaseModel):
     post_args: dict
     fit_corpus: str
     analysis: bool
-    transfer_args: dict = {}
-    clustering_args: dict = {}
-    dims: list[AtLeastOne] = []
+    transfer_args: dict = Field(default_factory=dict)
+    clustering_args: dict = Field(default_factory=dict)
+    dims: list[AtLeastOne] = Field(default_factory=list)
     max_sentence_tokens: AtLeastOne | None
     seed: Seed
     allow_unverified_weights: bool
@@ -82,32 +90,40 @@ class EvaluateSettings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def check(cls, values: dict, info: ValidationInfo) -> dict:
-        """Everything about the config that can be refuted before a model or a data file is loaded (one
-        `ConfigError` line each): the types, ranges and choices of the keys, the backbone against `Encoder`, a single
-        template, the device, the files read and written, the model's files, and the options a trained model would
-        ignore (`info.context`: the command's `RunContext`, whose overrides say which keys were given)."""
+    def check(cls, values: dict) -> dict:
+        """What the composed config must satisfy whatever the machine (`check_evaluate_composition`); pydantic then
+        refuses any key none of the fields declares, before `check_machine_and_files` reads the disk."""
         check_evaluate_composition(values)
-        backbone = values.get("backbone") or {}
+        return {**values, "resolved": values}
+
+    @model_validator(mode="after")
+    def check_machine_and_files(self, info: ValidationInfo) -> EvaluateSettings:
+        """Everything about the config that can be refuted before a model or a data file is loaded (one
+        `ConfigError` line each): the device, the files read and written, the model's files, and the options a
+        trained model would ignore (`info.context`: the command's `RunContext`, whose overrides say which keys were
+        given)."""
+        if info.context == COMPOSITION:
+            return self
+        backbone = self.backbone
         check_device("backbone.device", str(backbone.get("device", "auto")))
-        if values.get("task_registry"):
-            check_readable_file("task_registry", values["task_registry"])
-        if values.get("mode") == "encode":
-            check_encode_files(values.get("input"), values.get("output"))
+        if self.task_registry:
+            check_readable_file("task_registry", self.task_registry)
+        if self.mode == "encode":
+            check_encode_files(self.input, self.output)
         else:
-            check_writable_dir("output_dir", values["output_dir"])
+            check_writable_dir("output_dir", self.output_dir)
         if isinstance(name := backbone.get("name_or_path"), str):
             check_model_source(name)
             if backbone.get("revision") and (name.startswith(("package:", "model:"))
                                              or Path(name).expanduser().exists()):
                 raise ConfigError(f"backbone.revision={backbone['revision']} selects a version of a Hugging Face Hub "
                                   f"model, but {name} is local: drop backbone.revision")
-            check_source_options(name, values.get("allow_unverified_weights"), getattr(info.context, "overrides", ()))
-        if values.get("mode") not in MODES:
-            raise ConfigError(f"unknown mode {values.get('mode')!r}; valid: {', '.join(MODES)}")
-        if values["mode"] == "encode" and not (values.get("input") and values.get("output")):
+            check_source_options(name, self.allow_unverified_weights, getattr(info.context, "overrides", ()))
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        if self.mode == "encode" and not (self.input and self.output):
             raise ConfigError("mode=encode needs input=FILE.txt and output=FILE.npy")
-        return {**values, "resolved": values}
+        return self
 
 
 def check_evaluate_composition(values: dict) -> None:

@@ -48,5 +48,5 @@ def check_score_keys(argv: list[str]) -> None:
 
 
 def main() -> None:
-    exit_on_user_error(check_command_line)("export", sys.argv[1:], check_score_keys)
+    exit_on_user_error(check_command_line)("export", sys.argv[1:], check_score_keys, settings=ExportSettings)
     export_task()

@@ -3,18 +3,20 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from typing import ClassVar
+
+from pydantic import model_validator
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import check_settings
+from promptemb.common.validation import Settings, check_settings
 from promptemb.encoder.settings import TemplateSettings, check_template
 
 #: keys that describe how a plain `pretrained=` model is templated and pooled; a checkpoint carries its own
 PLAIN_MODEL_KEYS = ("layer", "max_length", "max_sentence_tokens", "padding_side")
 
 
-class ExportSettings(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class ExportSettings(Settings):
+    described_as: ClassVar[str] = "export.py's config"
 
     ckpt: str | None
     pretrained: str | None

@@ -226,10 +226,7 @@ def _build_ensemble(name: str, overrides: Mapping[str, Any], member_args: dict) 
                 raise ConfigError(f"pooler {name!r}: member {member!r} has no single layer to set to {layer}")
             extra["layer"] = layer
         built.append(build_pooler(member, **extra))
-    try:
-        return EnsemblePooler(name=name, members=built, **arguments)
-    except TypeError as err:
-        raise ConfigError(f"bad arguments for pooler {name!r}: {err}") from None
+    return build_named({name: (EnsemblePooler, {})}, "pooler", "valid poolers", name, {**arguments, "members": built})
 
 
 def argument_names(names: Sequence[str], pooler_args: Mapping[str, Any] | None = None) -> set[str]:

@@ -140,5 +140,5 @@ def main() -> None:
     """train.py / promptemb-train: the command line checked before Hydra composes the config and creates the run
     folder (one `error:` line), then Hydra runs `train_task`."""
     exit_on_user_error(cli.check_command_line)("train", sys.argv[1:], check_experiment_overrides,
-                                                check_train_only_keys, check_run_before_hydra)
+                                                check_train_only_keys, check_run_before_hydra, settings=TrainSettings)
     train_task()

@@ -22,7 +22,7 @@ from promptemb.common.io import atomic_write_json
 from promptemb.common.optional import require
 from promptemb.common.run_context import RunContext
 from promptemb.common.run_folder import nothing_left_on_user_error
-from promptemb.training.settings import TrainSettings
+from promptemb.training.settings import OptunaSearch, TrainSettings
 from promptemb.training.trials import (
     COMPLETED,
     INTERRUPTED,
@@ -104,21 +104,19 @@ def run_study(settings: TrainSettings, context: RunContext, train_trial: TrainTr
     completed)."""
     optuna = require("optuna", "hparams_search (Optuna)")
     search = settings.hparams_search
-    space = search_space(search["params"])
+    space = search_space(search.params)
     base = [o for o in context.overrides if not o.lstrip("+~").startswith(("hparams_search", "output_dir="))]
     with nothing_left_on_user_error(context.run_dir):  # a refused study leaves no folder behind
         check_keys(settings.resolved, list(space))
         check_not_searched(base, list(space))
-        if int(search["n_trials"]) < 1:
-            raise ConfigError(f"hparams_search.n_trials must be >= 1, got {search['n_trials']}")
     study_dir = Path(settings.output_dir)
-    sampler = build(search["sampler"]) if search.get("sampler") else None
-    study = optuna.create_study(study_name=search.get("study_name"), direction=search["direction"], sampler=sampler,
-                                storage=search.get("storage"), load_if_exists=bool(search.get("storage")))
-    for params in search.get("enqueue") or []:
+    sampler = build(search.sampler) if search.sampler else None
+    study = optuna.create_study(study_name=search.study_name, direction=search.direction, sampler=sampler,
+                                storage=search.storage, load_if_exists=bool(search.storage))
+    for params in search.enqueue:
         study.enqueue_trial(params)
     rows = []
-    for number in range(int(search["n_trials"])):
+    for number in range(search.n_trials):
         asked = study.ask(space)
         trial_dir = study_dir / "trials" / str(number)
         overrides = [*base, *(f"{key}={override_value(value)}" for key, value in asked.params.items()),
@@ -153,15 +151,15 @@ def run_study_trial(train_trial: TrainTrial, trial_dir: Path, context: RunContex
     return outcome
 
 
-def write_study(study, search: dict, study_dir: Path, rows: list[dict], optuna):
+def write_study(study, search: OptunaSearch, study_dir: Path, rows: list[dict], optuna):
     """study.json and the table of the trials so far: (how many did not complete, the best trial or None)."""
     completed = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = study.best_trial if completed else None
     atomic_write_json(study_dir / "study.json", {
-        "study_name": study.study_name, "direction": search["direction"], "objective": "val/stsb_dev/mask_best",
+        "study_name": study.study_name, "direction": search.direction, "objective": "val/stsb_dev/mask_best",
         "best": {"trial": best.number, "value": best.value, "params": best.params} if best else None,
         "trials": [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params}
                    for t in study.trials]})
-    title = f"Optuna study {study.study_name} ({search['direction']} val/stsb_dev/mask_best)"
+    title = f"Optuna study {study.study_name} ({search.direction} val/stsb_dev/mask_best)"
     failed = summarise(rows, study_dir, title)
     return failed, best

@@ -9,15 +9,18 @@ checked against its constructor's type hints; then the machine, the model files 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from promptemb.common.bounds import AtLeastOne, Seed
 from promptemb.common.device_profile import check_clipping
 from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import (
+    COMPOSITION,
+    Settings,
     check_accelerator,
+    check_node_maps,
     check_settings,
     check_targets,
     check_writable_dir,
@@ -30,18 +33,40 @@ from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
 from promptemb.training.trainer import check_compile
 
 
-class Extras(BaseModel):
+class Extras(Settings):
     """The `extras` group (configs/extras/): conveniences around a training run."""
 
-    model_config = ConfigDict(frozen=True)
     described_as: ClassVar[str] = "the extras group"
 
     ignore_warnings: bool = False  # silence Python warnings (library deprecation notices)
     print_config: bool = False  # log the composed, resolved config as YAML when the run starts
 
 
-class TrainSettings(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class OptunaSearch(Settings):
+    """The `hparams_search` group (configs/hparams_search/): an Optuna study over train.py's config."""
+
+    described_as: ClassVar[str] = "the hparams_search group"
+
+    study_name: str | None = None
+    direction: Literal["maximize", "minimize"] = "maximize"
+    n_trials: AtLeastOne
+    storage: str | None = None  # e.g. sqlite:///optuna.db to keep and continue the study
+    sampler: dict | None = None  # a `_target_` node (optuna.samplers.TPESampler, ...)
+    enqueue: list[dict] = Field(default_factory=list)  # trials run first, {key: value} each
+    params: dict  # key -> search space in Hydra's sweep syntax
+
+
+class ExpectedScores(Settings):
+    """An experiment's pinned results (`make reproduce`, research/expected_scores.py)."""
+
+    described_as: ClassVar[str] = "expected_scores"
+
+    tolerance: float = 0.5
+    scores: dict[str, float]
+
+
+class TrainSettings(Settings):
+    described_as: ClassVar[str] = "train.py's config"
 
     task_name: str
     data_root: str | None
@@ -56,8 +81,8 @@ class TrainSettings(BaseModel):
     backbone: dict  # training reads `name_or_path` alone (through `model.model_name_or_path`)
     template: TemplateSettings
     extras: Extras = Extras()
-    hparams_search: dict | None = None  # an Optuna search (training/optuna_search.py)
-    expected_scores: dict | None = None  # read by `make reproduce` from the experiment's file
+    hparams_search: OptunaSearch | None = None  # an Optuna search (training/optuna_search.py)
+    expected_scores: ExpectedScores | None = None  # read by `make reproduce` from the experiment's file
     model: dict
     optimizer: dict
     scheduler: dict
@@ -70,25 +95,37 @@ class TrainSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def check(cls, values: dict) -> dict:
+        """What the composed config must satisfy whatever the machine (`check_train_composition`); pydantic then
+        refuses any key none of the fields declares, before `check_machine_and_files` reads the disk."""
+        check_train_composition(values)
+        return {**values, "resolved": values}
+
+    @model_validator(mode="after")
+    def check_machine_and_files(self, info: ValidationInfo) -> TrainSettings:
         """Everything about the config that can be refuted before a model or a corpus is loaded (one `ConfigError`
         line each)."""
-        check_train_composition(values)
-        trainer, model = values.get("trainer") or {}, values.get("model") or {}
+        if info.context == COMPOSITION:
+            return self
+        trainer, model = self.trainer, self.model
         check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
         check_compile(bool(trainer.get("compile")), trainer.get("accelerator"))
         check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
-        check_clipping(trainer.get("precision"), trainer.get("gradient_clip_val"), values.get("optimizer") or {})
+        check_clipping(trainer.get("precision"), trainer.get("gradient_clip_val"), self.optimizer)
         if hasattr(recipe := target_of(model), "check_config"):
             recipe.check_config(model)
         if trainer.get("compile") and hasattr(recipe, "check_compile"):
             recipe.check_compile(model)
+        for node in (self.callbacks or {}).values():  # a callback's own check (the STS callback's scoring keys)
+            owner = getattr(target := target_of(node or {}), "__self__", target)
+            if hasattr(owner, "check_config"):
+                owner.check_config(node)
         if isinstance(model.get("model_name_or_path"), str):
             check_model_source(model["model_name_or_path"])
-        check_training_data(values.get("data") or {}, resolve_data_root(values.get("data_root")))
-        check_writable_dir("output_dir", values["output_dir"])
-        if values.get("export_dir"):
-            check_writable_dir("export_dir", Path(values["export_dir"]).parent)
-        return {**values, "resolved": values}
+        check_training_data(self.data, resolve_data_root(self.data_root))
+        check_writable_dir("output_dir", self.output_dir)
+        if self.export_dir:
+            check_writable_dir("export_dir", Path(self.export_dir).parent)
+        return self
 
 
 def check_train_composition(values: dict) -> None:
@@ -96,6 +133,7 @@ def check_train_composition(values: dict) -> None:
     template the recipe can train with."""
     check_settings(values, TrainSettings)
     check_template(values, (values.get("model") or {}).get("_target_"))
+    check_node_maps(values, "callbacks", "logger")
     check_targets(values)
     check_backbone(values)
 

@@ -1,6 +1,7 @@
 """The Hydra config tree composed for real (no run): every group option with every recipe composes and passes the
 config checks, or is refused with one line; old override spellings and shell-only quoting get a one-line hint."""
 
+import re
 import subprocess
 import sys
 
@@ -13,9 +14,11 @@ from omegaconf import OmegaConf
 from promptemb.common.cli import check_command_line, check_override_syntax, check_renamed_keys
 from promptemb.common.errors import ConfigError
 from promptemb.common.hydra_bridge import plain as resolved
-from promptemb.evaluation.settings import check_evaluate_composition
+from promptemb.common.validation import COMPOSITION
+from promptemb.evaluation.settings import EvaluateSettings
+from promptemb.exporting.settings import ExportSettings
 from promptemb.training import run_dirs  # noqa: F401  (registers the promptemb.run_dir resolver train.yaml uses)
-from promptemb.training.settings import check_train_composition
+from promptemb.training.settings import TrainSettings
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
@@ -33,6 +36,16 @@ def options(group: str) -> list[str]:
 def compose_config(name: str, overrides: list[str]):
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose(name, overrides=overrides, return_hydra_config=True)
+
+
+def check_train_composition(values: dict) -> None:
+    """train.py's settings check of a composed config (keys at every depth, types, values), without the machine
+    and file checks that need a model and data."""
+    TrainSettings.model_validate(values, context=COMPOSITION)
+
+
+def check_evaluate_composition(values: dict) -> None:
+    EvaluateSettings.model_validate(values, context=COMPOSITION)
 
 
 def template_views(option: str) -> int:
@@ -87,6 +100,57 @@ def test_every_experiment_composes_alone_and_with_each_search(name, search):
     cfg = compose_config("train", [f"experiment={name}", *([f"hparams_search={search}"] if search else []), *model])
     del cfg.hydra
     check_train_composition(resolved(cfg))
+
+
+def test_hydra_keys_and_the_keys_configs_carry_are_accepted(tmp_path):
+    """Hydra's own keys (hydra.*, new ones with +), an experiment's `expected_scores`, a search's `hparams_search`:
+    on the command line, in a multirun, and in the settings."""
+    hydra_keys = ["hydra.job.name=renamed", "+hydra.job.env_set.PROMPTEMB_TEST=1", f"hydra.sweep.dir={tmp_path}"]
+    for flags in ([], ["-m"]):
+        check_command_line("train", [*flags, "experiment=quickstart_unsup", "hparams_search=quickstart_optuna",
+                                     *hydra_keys], settings=TrainSettings)
+        check_command_line("evaluate", [*flags, "tasks=[STSBenchmark-dev]", *hydra_keys], settings=EvaluateSettings)
+    cfg = compose_config("train", ["experiment=quickstart_unsup", "hparams_search=quickstart_optuna", *hydra_keys])
+    assert cfg.hydra.job.name == "renamed" and cfg.expected_scores.scores.best_dev > 0
+    del cfg.hydra
+    settings = TrainSettings.model_validate(resolved(cfg), context=COMPOSITION)
+    assert settings.hparams_search.n_trials == 8 and settings.expected_scores.tolerance == 0.5
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("entry, settings, overrides", [
+    ("train", TrainSettings, ["experiment=quickstart_unsup"]),
+    ("eval", EvaluateSettings, []),
+    ("encode", EvaluateSettings, []),
+    ("export", ExportSettings, []),
+])
+def test_a_key_no_config_has_is_refused_at_every_depth(entry, settings, overrides):
+    """A `+key` Hydra accepts and the settings do not declare, at the top, in a group, in a `_target_` node, in a
+    map of nodes: one line naming it and the closest valid key."""
+    nested = {"train": [("+extras.print_configs=true", r"^extras\.print_configs is not a parameter of the extras "
+                                                       r"group"),
+                        ("+hparams_search.n_trial=3", r"^hparams_search\.n_trial is not a key of the hparams_search "
+                                                      r"group; did you mean hparams_search\.n_trials\?$"),
+                        ("+data.batch_sizes=4", r"^data\.batch_sizes is not a parameter of TextLinesDataModule; did "
+                                                r"you mean data\.batch_size\?$"),
+                        ("+callbacks.lr_monitr.logging_interval=epoch", r"^callbacks\.lr_monitr is not a key of "
+                                                                        r"callbacks .*; did you mean "
+                                                                        r"callbacks\.lr_monitor\?$"),
+                        ("+expected_scores.tolerence=1", r"^expected_scores\.tolerence is not a key of "
+                                                         r"expected_scores; did you mean expected_scores\.tolerance")],
+              "eval": [("+template.txt=x", r"^template\.txt is not a parameter of a template option; did you mean "
+                                           r"template\.text\?$")],
+              "export": [("+template.txt=x", r"^template\.txt is not a parameter of a template option")]}
+    name = {"train": "train.py", "eval": "evaluate.py", "encode": "evaluate.py", "export": "export.py"}[entry]
+    near, meant = ("ckpts", "ckpt") if entry == "export" else ("seeed", "seed")
+    cases = [(f"+{near}=3", rf"^{near} is not a key of {re.escape(name)}'s config; did you mean {meant}\?$"),
+             ("+typo=1", rf"^typo is not a key of {re.escape(name)}'s config; valid: "), *nested.get(entry, [])]
+    for override, pattern in cases:
+        cfg = compose_config(entry, [*overrides, override])
+        del cfg.hydra
+        with pytest.raises(ConfigError) as caught:
+            settings.model_validate(resolved(cfg), context=COMPOSITION)
+        assert re.search(pattern, str(caught.value)) and "\n" not in str(caught.value), (override, caught.value)
 
 
 @pytest.mark.parametrize("group, option", [(g, o) for g in ("backbone", "template", "paths", "hydra")

@@ -114,7 +114,8 @@ def test_registry_errors():
         build_pooler("nope")
     with pytest.raises(ConfigError, match="pooler_args given for avg"):
         build_poolers(["mean"], {"avg": {}})
-    with pytest.raises(ConfigError, match="bad arguments for pooler 'mask'"):
+    with pytest.raises(ConfigError, match=r"^pooler_args\.mask\.layers is not an argument of the pooler 'mask'; did "
+                                          r"you mean pooler_args\.mask\.layer\?$"):
         build_pooler("mask", layers=[1])
 
 

@@ -3,12 +3,15 @@ installed into a fresh venv, and its console scripts run from a temporary direct
 
 The venv reuses the test interpreter's installed dependencies through a .pth line (nothing is downloaded); the
 wheel is installed with --no-deps. Slow (a build, a scoring run and a one-step training run): `pytest -m slow`.
+The builds themselves (a wheel, and the editable wheel `make install` builds) are checked fast: quiet, and the wheel
+holds every YAML file of the package folders.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,22 +33,67 @@ def run(command: list[str], cwd: Path, env: dict | None = None, timeout: int = 6
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """bin/ of a fresh venv holding the wheel built from this source tree."""
-    work = tmp_path_factory.mktemp("wheel")
+def source_copy(work: Path) -> Path:
+    """A clean copy of the source tree: no build/ or egg-info of the checkout leaks into a build."""
     source = work / "source"
     source.mkdir()
-    for part in SOURCE_PARTS:  # a clean copy: no build/ or egg-info of the checkout leaks into the wheel
+    for part in SOURCE_PARTS:
         src = REPO / part
         if src.is_dir():
             shutil.copytree(src, source / part, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, source / part)
-    built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
-                 "-w", str(work / "dist")], cwd=work)
+    return source
+
+
+def build_wheel(work: Path, quiet: bool = True) -> tuple[Path, subprocess.CompletedProcess]:
+    """The wheel `pip install .` builds from a clean copy of the source tree, and pip's output."""
+    built = run([sys.executable, "-m", "pip", "wheel", *(["-q"] if quiet else []), "--no-deps", "--no-build-isolation",
+                 str(source_copy(work)), "-w", str(work / "dist")], cwd=work)
     assert built.returncode == 0, built.stderr[-2000:]
     wheel, = (work / "dist").glob("promptemb-*.whl")
+    return wheel, built
+
+
+#: What setuptools prints when a build is not clean (BuildBackendWarning, SetuptoolsDeprecationWarning, ...).
+PACKAGING_WARNING = re.compile(r"\w*Warning\b|Package would be ignored")
+
+
+def test_the_wheel_builds_quietly_and_ships_every_config(tmp_path):
+    """`pip install .`: no packaging warning (the config folders are data of `promptemb.configs`, not packages
+    setuptools would warn about), and the wheel holds every YAML file the package folders track."""
+    import zipfile
+
+    wheel, built = build_wheel(tmp_path, quiet=False)
+    assert not PACKAGING_WARNING.search(built.stdout + built.stderr), built.stdout + built.stderr
+    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.endswith(".yaml")}
+    folders = {"configs", "data", "research"}
+    tracked = subprocess.run(["git", "ls-files", "*.yaml"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    expected = {f"promptemb/{path}" for path in tracked if path.split("/", 1)[0] in folders}
+    assert len(expected) > 60 and shipped == expected
+
+
+def test_the_editable_install_of_make_install_is_quiet(tmp_path):
+    """`make install`'s editable build, with the Makefile's one filter: setuptools' information notice that every
+    editable install of a mapped layout prints ("Editable installation.": folders named like the package may shadow
+    it) is all it hides; no other warning is printed."""
+    makefile = (REPO / "Makefile").read_text()
+    setting = re.search(r'PYTHONWARNINGS="([^"]+)" \$\(BIN\)/pip install .* -e ', makefile)
+    assert setting and setting.group(1) == "ignore:Editable installation", "the Makefile's install line changed"
+    source = source_copy(tmp_path)
+    env = {**os.environ, "PYTHONWARNINGS": setting.group(1)}
+    built = run([sys.executable, "-c", "import setuptools.build_meta as backend; "
+                 f"print(backend.build_editable({str(tmp_path / 'dist')!r}))"], cwd=source, env=env)
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert built.stdout.strip().endswith(".whl")
+    assert not PACKAGING_WARNING.search(built.stdout + built.stderr), built.stdout + built.stderr
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """bin/ of a fresh venv holding the wheel built from this source tree."""
+    work = tmp_path_factory.mktemp("wheel")
+    wheel, _ = build_wheel(work)
     venv = work / "venv"
     made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=work)
     assert made.returncode == 0, made.stderr

@@ -121,3 +121,49 @@ def test_a_key_the_optuna_study_searches_is_refused_on_the_command_line(tiny_ber
     assert_one_line_error(proc, r"^error: optimizer\.lr= is searched by hparams_search "
                                 r"\(hparams_search\.params\.optimizer\.lr\): every trial sets its own value; drop it "
                                 r"from the command line, or the key from hparams_search\.params$", out)
+
+
+#: Each command, with a key none of its configs has (Hydra accepts any `+key`): refused by the command's settings
+#: (pydantic's extra="forbid", the groups and `_target_` nodes key by key) with the closest valid key, before any
+#: work. (script, arguments, the line, exit status: the bench drivers exit 1 on a refusal)
+UNKNOWN_KEYS = [
+    ("train.py", ["experiment=quickstart_unsup", "+seeed=3"],
+     r"^error: seeed is not a key of train\.py's config; did you mean seed\?$", 2),
+    ("train.py", ["-m", "experiment=quickstart_unsup", "+data.batch_sizes=4,8"],
+     r"^error: data\.batch_sizes is not a parameter of TextLinesDataModule; did you mean data\.batch_size\?$", 2),
+    ("evaluate.py", ["+typo=1", "tasks=[STSBenchmark-dev]"], r"^error: typo is not a key of evaluate\.py's config; "
+                                                             r"valid: .*\bseed, task_name", 2),
+    ("evaluate.py", ["mode=encode", "+seeds=1", "input=IN", "output=emb.npy"],
+     r"^error: seeds is not a key of evaluate\.py's config; did you mean seed\?$", 2),
+    ("export.py", ["+typo=1", "ckpt=a.ckpt", "out=exported"], r"^error: typo is not a key of export\.py's config", 2),
+    ("bench/train_throughput.py", ["experiment=quickstart_unsup", "+seeed=3"],
+     r"^error: seeed is not a key of train\.py's config; did you mean seed\?$", 1),
+    ("bench/step_counts.py", ["experiment=quickstart_unsup", "--random-bert", "1:12", "+extras.print_configs=true"],
+     r"^error: extras\.print_configs is not a parameter of the extras group; did you mean extras\.print_config\?$",
+     1),
+    ("bench/evaluation_suite.py", ["+pooler_argz.mean.layers=[1]"],
+     r"^error: pooler_argz is not a key of evaluate\.py's config; did you mean pooler_args\?$", 1),
+]
+
+
+@pytest.mark.parametrize(("script", "argv", "pattern", "status"), UNKNOWN_KEYS,
+                         ids=[f"{script}-{' '.join(argv)}" for script, argv, _, _ in UNKNOWN_KEYS])
+def test_every_command_refuses_a_key_its_config_does_not_have(script, argv, pattern, status, real_data_root,
+                                                              tmp_path):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    lines = tmp_path / "in.txt"
+    lines.write_text("a line\n")
+    extra = [f"output_dir={work / 'out'}"] if script in ("train.py", "evaluate.py") and "-m" not in argv else []
+    argv = [f"input={lines}" if arg == "input=IN" else arg for arg in argv]
+    proc = run_entry(script, *argv, *extra, data_root=real_data_root, cwd=work, timeout=300)
+    assert_one_line_error(proc, pattern, status=status)
+    assert listing(work) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "in.txt"]
+
+
+def test_the_bench_loop_refuses_a_key_before_training(tmp_path):
+    from bench.loop import check_overrides
+
+    with pytest.raises(ConfigError, match=r"^seeed is not a key of train\.py's config; did you mean seed\?$"):
+        check_overrides(["experiment=quickstart_unsup", "+seeed=3", f"output_dir={tmp_path / 'run'}"])
+    assert listing(tmp_path) == []
