@@ -44,6 +44,16 @@ PAIR_DATA = "data=stsb_pairs or data=sickr_pairs"
 TRIPLET_DATA = "data=sick_triplets or data=nli"
 
 
+def global_objective(objective: AnglEObjective, views: list[torch.Tensor], scores: torch.Tensor | None) -> torch.Tensor:
+    """The objective of the global batch: each member's rows ([B, D] per view: pair members, or query, positive,
+    negative) and the scores gathered from every rank, this rank's slice differentiable (`losses.gather_with_grad`);
+    `scores` None: triplets. The caller scales what it back-propagates by the world size, as for InfoNCE."""
+    gathered = [gather_with_grad(view) for view in views]
+    if scores is None:
+        return objective.triplets(*gathered)
+    return objective.pairs(gathered[0], gathered[1], gather_with_grad(scores.float()))
+
+
 class AnglE(PromptContrastiveModule):
     """AnglE on the [MASK] state of one template (see the module docstring). `data_format` is the training data's
     `data.format` (the recipe config reads it), so what the loss needs from the data is checked before anything
@@ -150,11 +160,7 @@ class AnglE(PromptContrastiveModule):
         sentences, members, scores = self.batch_sentences(batch)
         pooled = self.pooled(sentences, self.builders[0], self.pooler)
         pooled = pooled.view(pooled.shape[0] // members, members, -1)
-        views = [gather_with_grad(pooled[:, k]) for k in range(members)]
-        if self.pairs:
-            loss = self.objective.pairs(views[0], views[1], gather_with_grad(scores.float()))
-        else:
-            loss = self.objective.triplets(*views)
+        loss = global_objective(self.objective, list(pooled.unbind(1)), scores if self.pairs else None)
         return loss, pooled.shape[0], lambda value: value
 
     def eval_poolers(self) -> list[Pooler]:
