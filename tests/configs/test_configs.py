@@ -22,7 +22,7 @@ from promptemb.training.settings import TrainSettings
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
-RECIPES = ("promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup")
+RECIPES = ("angle", "promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup")
 EXPERIMENTS_NAMING_THEIR_MODEL = ("quickstart_prompteol_sup",)
 #: Groups every option of which must compose with every recipe (experiment and hparams_search bring their own).
 TRAIN_GROUPS = ("backbone", "template", "optimizer", "scheduler", "data", "trainer", "callbacks", "logger", "paths",
