@@ -375,7 +375,7 @@ class Encoder:
             if own is not None:  # a decoder method's own template (or Echo's), checked here instead of the run's
                 if own.decoder is None or own.decoder.echo_template is None:
                     check_last_token_template(pooler.name, own.template)
-            elif needs.decoder:
+            elif needs.decoder and needs.templated:  # a decoder pooler on the run's template (last_token)
                 check_last_token_template(pooler.name, template)
             for layer in needs.layers:
                 normalize_layer(layer, self.num_layers)
