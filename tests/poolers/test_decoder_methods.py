@@ -123,3 +123,20 @@ def test_last_token_of_the_run_template_equals_prompteol(decoder):
     own = encoder.embed(SHORT, [build_pooler("prompteol")])["prompteol"]
     run = encoder.embed(SHORT, [build_pooler("last_token")], Template(PROMPTEOL), "prompteol")["last_token"]
     np.testing.assert_array_equal(run, own)
+
+
+@pytest.mark.parametrize(("name", "layer"), [("last_token_plain", -1), ("last_token_plain@2", 2)])
+def test_last_token_of_the_plain_sentence(decoder, name, layer):
+    """`last_token_plain`: no template; the last real token of the sentence tokenized alone with the tokenizer's own
+    special tokens, each sentence on its own (no padding), at `layer`; it shares the plain forward with `mean`."""
+    _, _, tokenizer, model, encoder = decoder
+    pooler = build_pooler(name)
+    encoder.stats.forward_sequences = 0
+    together = encoder.embed(SHORT, [pooler, build_pooler("mean")])
+    assert encoder.stats.forward_sequences == len(SHORT)  # one plain form for both poolers
+    with torch.no_grad():
+        expected = torch.stack([
+            model(**tokenizer(sentence, return_tensors="pt"), output_hidden_states=True).hidden_states[layer][0, -1]
+            for sentence in SHORT])
+    assert_close(together[name], expected)
+    assert encoder.stats.forms[-1]["poolers"] == [name, "mean"] and encoder.stats.forms[-1]["sentences"] == len(SHORT)
