@@ -62,6 +62,7 @@ def combine_needs(poolers: Sequence[Pooler], num_layers: int | None = None) -> N
         word_embeddings=any(p.needs.word_embeddings for p in poolers),
         mlm_head=any(p.needs.mlm_head for p in poolers),
         template_bias=any(p.needs.template_bias for p in poolers),
+        router_logits=any(p.needs.router_logits for p in poolers),
     )
 
 
@@ -549,7 +550,7 @@ class Encoder:
                 "probabilities; poolers that weight tokens by attention (ditto) need a model that supports "
                 "eager attention"
             )
-        if out.hidden_states or out.attentions is not None:
+        if out.hidden_states or out.attentions is not None or out.router_logits is not None:
             self.stats.forward_batches += 1
             self.stats.forward_sequences += batch.input_ids.shape[0]
         return out
