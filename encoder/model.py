@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoConfig
 
 from promptemb.common.bounds import AtLeastOne, TokenLimit
 from promptemb.common.compilation import check_compile_works
@@ -69,6 +70,21 @@ def combine_needs(poolers: Sequence[Pooler], num_layers: int | None = None) -> N
 def expand_parts(poolers: Sequence[Pooler]) -> list[Pooler]:
     """The poolers that read a forward pass: each pooler, or the parts of one that averages several (MetaEOL)."""
     return [part for pooler in poolers for part in (pooler.parts() or [pooler])]
+
+
+def check_poolers_on_config(name_or_path: str, poolers: Sequence[Pooler], revision: str | None = None) -> None:
+    """Refuse, from the model's config alone and before any weight loads, the poolers that need a kind of model
+    (MoEE reads router logits: a dense model is refused here in one line rather than after loading its weights).
+    A config that cannot be read is left to the loading, which reports it."""
+    readers = [pooler for pooler in expand_parts(poolers) if pooler.needs.router_logits]
+    if not readers:
+        return
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(name_or_path), revision=revision)
+    except (OSError, ValueError):
+        return
+    for pooler in readers:
+        pooler.check_model(config)
 
 
 def reads_run_template(pooler: Pooler) -> bool:

@@ -141,10 +141,13 @@ class MoEEPart(Pooler):
 
 
 class MoEEPooler(Pooler):
-    """MoEE's embeddings of one forward (module docstring): `embedding` `hs` (HS), `rw` (RW), `concat` ([HS, RW],
-    the official `MoEE`) or `sum` ([ĥ, √w·r̂], whose cosine is the official similarity sum cos_HS + w·cos_RW over
-    1 + w); `routing` logits (official for OLMoE/Qwen-MoE) or softmax; `standardize` chunk (official, over
-    consecutive `chunk_size` sentences) or none; `template` `"[X]"` (the official `none`) or PromptEOL's."""
+    """MoEE at the prompt's last token T (default prompt `"[X]"`): HS = h⁽ˡ⁾_T (l = −1, after the final norm), RW =
+    [g₁(T); …; g_K(T)] the router logits of the K mixture-of-experts blocks (their softmax with routing=softmax);
+    embedding `hs`: e = HS; `rw`: e = S(RW); `concat`: e = S([HS, RW]); `sum`: e = [ĥ, √w·r̂], ĥ = S(HS)/‖S(HS)‖,
+    r̂ = S(RW)/‖S(RW)‖, so cos(e₁, e₂) = (cos_HS + w·cos_RW)/(1 + w). S = the official per-batch (x − mean)/(std +
+    1e-8) over consecutive chunks of `chunk_size` sentences (standardize=chunk), or nothing (standardize=none).
+
+    The module docstring says where each step comes from in the official code and what it does surprisingly."""
 
     def __init__(self, name: str = "moee", embedding: Embedding = "concat", template: str = MOEE_NONE,
                  sentence_rule: str = "moee", layer: int = -1, routing: Routing = "logits",

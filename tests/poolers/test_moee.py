@@ -57,7 +57,7 @@ def test_embeddings_match_official(moe, name, emb_info, output, chunk_size):
 
 def test_rw_is_the_router_logits_of_every_block(moe):
     """RW's width is blocks × experts; `routing=softmax` (the DeepSeek-MoE file's scores) matches that variant."""
-    family, tokenizer, model, encoder = moe
+    _, tokenizer, model, encoder = moe
     config = model.config
     raw = encoder.embed(MOEE_SENTENCES, [build_pooler("moee_rw", standardize="none")])["moee_rw"]
     assert raw.shape == (len(MOEE_SENTENCES), config.num_hidden_layers * config.num_experts)
@@ -127,7 +127,7 @@ def test_qwen2_moe_dense_blocks_have_no_router(tmp_path):
 
 
 def test_provenance_records_the_settings(moe):
-    family, _, _, encoder = moe
+    _, _, _, encoder = moe
     pooler = build_pooler("moee_sum", weight=0.5, chunk_size=64)
     encoder.embed(MOEE_SENTENCES[:2], [pooler])
     record = pooler.describe()
@@ -169,3 +169,53 @@ def test_bad_arguments_are_one_line(name, args, pattern):
     with pytest.raises(ConfigError, match=pattern) as caught:
         build_pooler(name, **args)
     assert "\n" not in str(caught.value)
+
+
+def test_evaluate_scores_moee_poolers_of_one_forward(mini_data, tmp_path):
+    """`evaluate.py backbone=decoder poolers=[moee_rw,moee_hs,moee]` on a tiny OLMoE: one table, one forward form
+    for the three poolers, each pooler's settings in the provenance."""
+    import json
+
+    from tests.evaluation.test_evaluate_cli import evaluate
+
+    root, registry = mini_data
+    model = save_tiny_moe_decoder(tmp_path / "tiny_olmoe", "olmoe", layers=2, hidden=32)
+    out = tmp_path / "out"
+    names = ["moee_rw", "moee_hs", "moee", "moee_sum"]
+    proc = evaluate("backbone=decoder", f"backbone.name_or_path={model}", "backbone.device=cpu",
+                    f"poolers=[{','.join(names)}]", "+pooler_args.moee_sum.weight=0.5", "tasks=[MINI12,MINI-B]",
+                    f"task_registry={registry}", f"output_dir={out}", data_root=root)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["scores"]) == names
+    prov = results["provenance"]
+    assert prov["poolers"]["moee_rw"].items() >= {
+        "type": "MoEEPooler", "embedding": "rw", "template": '"[X]"', "sentence_rule": "moee", "routing": "logits",
+        "standardize": "chunk", "chunk_size": 128, "router_layers": [0, 1]}.items()
+    assert prov["poolers"]["moee_sum"]["weight"] == 0.5 and prov["poolers"]["moee_hs"]["standardize"] == "none"
+    forms = prov["forward_forms"]
+    assert len(forms) == 1 and forms[0]["sentences"] == prov["unique_sentences"]
+
+
+def test_cli_moee_on_a_dense_decoder_is_one_line(mini_data, tmp_path):
+    from tests.evaluation.test_evaluate_cli import evaluate
+    from tests.helpers import assert_one_line_error
+
+    root, registry = mini_data
+    model = save_tiny_decoder(tmp_path / "tiny_llama", "llama", layers=2, hidden=32)
+    proc = evaluate("backbone=decoder", f"backbone.name_or_path={model}", "backbone.device=cpu", "poolers=[moee]",
+                    "tasks=[MINI-B]", f"task_registry={registry}", f"output_dir={tmp_path / 'out'}", data_root=root)
+    assert_one_line_error(proc, r"^error: pooler 'moee' reads the routers of a mixture-of-experts decoder, but the "
+                                r"model is 'llama'", tmp_path / "out")
+
+
+def test_moee_on_a_dense_model_is_refused_before_its_weights_load(tmp_path, monkeypatch):
+    """evaluate.py reads the model's config first: a dense decoder is refused before `Encoder` loads any weight."""
+    import promptemb.encoder.model as model_module
+    from promptemb.encoder.model import check_poolers_on_config
+
+    directory = save_tiny_decoder(tmp_path / "llama", "llama", layers=2)
+    monkeypatch.setattr(model_module, "load_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ConfigError, match=r"^pooler 'moee_sum' reads the routers of a mixture-of-experts decoder"):
+        check_poolers_on_config(str(directory), build_poolers(["prompteol", "moee_sum"]))
+    check_poolers_on_config(str(directory), build_poolers(["prompteol"]))  # nothing to check: no error
