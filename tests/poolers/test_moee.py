@@ -219,3 +219,22 @@ def test_moee_on_a_dense_model_is_refused_before_its_weights_load(tmp_path, monk
     with pytest.raises(ConfigError, match=r"^pooler 'moee_sum' reads the routers of a mixture-of-experts decoder"):
         check_poolers_on_config(str(directory), build_poolers(["prompteol", "moee_sum"]))
     check_poolers_on_config(str(directory), build_poolers(["prompteol"]))  # nothing to check: no error
+
+
+def test_moee_sentence_rule():
+    """moee.py `encode`: "." unless the sentence ends in . ? ! " ' ; `"` -> `'`; `_` -> space; `?` stays."""
+    from promptemb.encoder.template import apply_sentence_rule
+
+    assert apply_sentence_rule("snake_case names", "moee") == "snake case names."
+    assert apply_sentence_rule("Stop!", "moee") == "Stop!"
+    assert apply_sentence_rule("Why?", "moee") == "Why?"
+    assert apply_sentence_rule('He said "hi"', "moee") == "He said 'hi'"
+    assert apply_sentence_rule("", "moee") == ""
+
+
+def test_moee_in_an_ensemble_is_its_own_embedding_first(moe):
+    """An ensemble member with parts (MoEE's standardisation) enters the mean as its own combined embedding."""
+    _, _, _, encoder = moe
+    together = encoder.embed(MOEE_SENTENCES, build_poolers(["moee_hs+prompteol"]))["moee_hs+prompteol"]
+    alone = encoder.embed(MOEE_SENTENCES, build_poolers(["moee_hs", "prompteol"]))
+    assert_close_scaled(together, torch.from_numpy((alone["moee_hs"] + alone["prompteol"]) / 2), 1e-6)
