@@ -151,9 +151,11 @@ class MoEEPooler(Pooler):
 
     def __init__(self, name: str = "moee", embedding: Embedding = "concat", template: str = MOEE_NONE,
                  sentence_rule: str = "moee", layer: int = -1, routing: Routing = "logits",
-                 standardize: Standardize = "chunk", chunk_size: int = 128, weight: float = 1.0,
+                 standardize: Standardize | None = None, chunk_size: int = 128, weight: float = 1.0,
                  paper: str = PAPER):
         super().__init__(name)
+        if standardize is None:  # the official choice: HS alone is never standardised, RW and the combinations are
+            standardize = "none" if embedding == "hs" else "chunk"
         for key, value, valid in (("embedding", embedding, EMBEDDINGS), ("routing", routing, ROUTINGS),
                                   ("standardize", standardize, STANDARDIZATIONS)):
             if value not in valid:
@@ -167,6 +169,9 @@ class MoEEPooler(Pooler):
         if embedding == "hs" and (routing != "logits" or standardize != "none"):
             raise ConfigError(f"pooler {name!r}: embedding=hs is the plain hidden state (the official HS mode is not "
                               "standardised and has no routing); drop routing/standardize")
+        if embedding != "sum" and float(weight) != 1.0:
+            raise ConfigError(f"pooler {name!r}: weight weighs RW's similarity in embedding=sum (moee_sum), not in "
+                              f"embedding={embedding}")
         if embedding == "rw" and layer != -1:
             raise ConfigError(f"pooler {name!r}: embedding=rw reads the routers of every MoE block, not a layer's "
                               f"hidden state; drop the layer {layer}")

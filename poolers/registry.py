@@ -71,7 +71,7 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "contrastive_prompting": (ContrastivePromptingPooler, {}),
     "prompteol_icl": (DemonstrationPooler, {}),
     # MoEE (mixture-of-experts decoders): routing weights, hidden state and their combinations of one forward
-    "moee_hs": (MoEEPooler, {"embedding": "hs", "standardize": "none"}),
+    "moee_hs": (MoEEPooler, {"embedding": "hs"}),
     "moee_rw": (MoEEPooler, {"embedding": "rw"}),
     "moee": (MoEEPooler, {"embedding": "concat"}),
     "moee_sum": (MoEEPooler, {"embedding": "sum"}),

@@ -162,6 +162,7 @@ def test_moee_on_an_encoder_is_refused(tiny_bert):
     ("moee_rw", {"routing": "sigmoid"}, r"unknown routing 'sigmoid'; valid: logits, softmax"),
     ("moee", {"standardize": "corpus"}, r"unknown standardize 'corpus'; valid: chunk, none"),
     ("moee_hs", {"standardize": "chunk"}, r"embedding=hs is the plain hidden state"),
+    ("moee", {"weight": 2.0}, r"weight weighs RW's similarity in embedding=sum \(moee_sum\), not in embedding=concat"),
     ("moee_rw@2", {}, r"embedding=rw reads the routers of every MoE block, not a layer's hidden state"),
     ("moee", {"template": "no slot"}, r"has 0 '\[X\]' slots"),
 ])
