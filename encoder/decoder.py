@@ -313,7 +313,7 @@ def run_decoder(transformer: torch.nn.Module, batch: Batch, needs: Needs, form: 
     if needs.word_embeddings:
         out.word_embeddings = word_embeddings(batch.input_ids)
     layers = {normalize_layer(layer, num_layers) for layer in needs.layers}
-    if not layers:
+    if not layers and not needs.router_logits:
         return out
     decoder = form.decoder or DecoderForm()
     rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
@@ -352,10 +352,15 @@ def run_decoder(transformer: torch.nn.Module, batch: Batch, needs: Needs, form: 
 
         block = decoder_layers(transformer)[contrast.layer]
         handles.append(attention_output_projection(block).register_forward_pre_hook(subtract))
+    if needs.router_logits:  # MoE models record each router's logits, flattened to [B*T, E] (MoEE)
+        inputs["output_router_logits"] = True
     try:
         model_out = transformer(**inputs, output_hidden_states=True)
     finally:
         for handle in handles:
             handle.remove()
     out.hidden_states = {layer: model_out.hidden_states[layer] for layer in layers}
+    if needs.router_logits:
+        shape = batch.input_ids.shape
+        out.router_logits = tuple(logits.reshape(*shape, -1) for logits in model_out.router_logits)
     return out

@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoConfig
 
 from promptemb.common.bounds import AtLeastOne, TokenLimit
 from promptemb.common.compilation import check_compile_works
@@ -62,12 +63,28 @@ def combine_needs(poolers: Sequence[Pooler], num_layers: int | None = None) -> N
         word_embeddings=any(p.needs.word_embeddings for p in poolers),
         mlm_head=any(p.needs.mlm_head for p in poolers),
         template_bias=any(p.needs.template_bias for p in poolers),
+        router_logits=any(p.needs.router_logits for p in poolers),
     )
 
 
 def expand_parts(poolers: Sequence[Pooler]) -> list[Pooler]:
     """The poolers that read a forward pass: each pooler, or the parts of one that averages several (MetaEOL)."""
     return [part for pooler in poolers for part in (pooler.parts() or [pooler])]
+
+
+def check_poolers_on_config(name_or_path: str, poolers: Sequence[Pooler], revision: str | None = None) -> None:
+    """Refuse, from the model's config alone and before any weight loads, the poolers that need a kind of model
+    (MoEE reads router logits: a dense model is refused here in one line rather than after loading its weights).
+    A config that cannot be read is left to the loading, which reports it."""
+    readers = [pooler for pooler in expand_parts(poolers) if pooler.needs.router_logits]
+    if not readers:
+        return
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(name_or_path), revision=revision)
+    except (OSError, ValueError):
+        return
+    for pooler in readers:
+        pooler.check_model(config)
 
 
 def reads_run_template(pooler: Pooler) -> bool:
@@ -549,7 +566,7 @@ class Encoder:
                 "probabilities; poolers that weight tokens by attention (ditto) need a model that supports "
                 "eager attention"
             )
-        if out.hidden_states or out.attentions is not None:
+        if out.hidden_states or out.attentions is not None or out.router_logits is not None:
             self.stats.forward_batches += 1
             self.stats.forward_sequences += batch.input_ids.shape[0]
         return out

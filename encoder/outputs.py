@@ -25,7 +25,9 @@ class EncoderOutput:
 
     `hidden_states` maps normalised layer index (0 = embedding output, L = last layer) to `[B, T, D]`;
     `attentions` holds per-layer attention probabilities `[B, H, T, T]` (layer 1..L at index 0..L-1) when asked for;
-    `word_embeddings` holds rows of the input word-embedding table `[B, T, D]` (no position/segment, no LayerNorm).
+    `word_embeddings` holds rows of the input word-embedding table `[B, T, D]` (no position/segment, no LayerNorm);
+    `router_logits` holds, for each mixture-of-experts block in order, its router's logits `[B, T, E]` (before any
+    softmax or top-k) when asked for.
     """
 
     num_layers: int
@@ -38,6 +40,7 @@ class EncoderOutput:
     word_embeddings: torch.Tensor | None = None
     mlm_head: torch.nn.Module | None = None
     template_bias: dict[int, torch.Tensor] | None = None  # layer -> [B, D] bias of the template at each row's length
+    router_logits: tuple[torch.Tensor, ...] | None = None
 
     def in_float32(self) -> EncoderOutput:
         """The same output with every floating tensor in float32 (after a forward under autocast: the poolers then
@@ -49,6 +52,7 @@ class EncoderOutput:
         self.hidden_states = {layer: cast(states) for layer, states in self.hidden_states.items()}
         self.attentions = None if self.attentions is None else tuple(cast(a) for a in self.attentions)
         self.word_embeddings = cast(self.word_embeddings)
+        self.router_logits = None if self.router_logits is None else tuple(cast(r) for r in self.router_logits)
         if self.template_bias is not None:
             self.template_bias = {layer: cast(bias) for layer, bias in self.template_bias.items()}
         return self

@@ -28,6 +28,8 @@ class Needs:
     mlm_head: needs the masked-language-model head (the encoder loads the MLM variant of the checkpoint).
     template_bias: needs the template bias of template denoising at `layers` (templated inputs only).
     decoder: needs a decoder (causal LM): a decoder prompt method pooling the last token or a span.
+    router_logits: needs the router logits of every mixture-of-experts block (MoEE's routing weights); only MoE
+        decoders record them, which the pooler's `check_model` checks before any forward.
     """
 
     layers: tuple[int, ...] = ()
@@ -39,6 +41,7 @@ class Needs:
     mlm_head: bool = False
     template_bias: bool = False
     decoder: bool = False
+    router_logits: bool = False
 
 
 class Pooler(ABC):

@@ -23,7 +23,10 @@ MASK_SLOT = "[MASK]"
 #: `prompteol`: the rule of the decoder prompt methods' official evaluations (kongds/scaling_sentemb and the code
 #: built on it): `append_period`, then every `"` becomes `'` (the templates quote the sentence with `"`), then a
 #: final `?` becomes `.`.
-SentenceRule = Literal["none", "append_period", "promptbert", "prompteol"]
+#: `moee`: MoEE's official rule (tianyi-lab/MoE-Embedding moee.py `encode`): "." appended unless the sentence ends in
+#: . ? ! " ' (`!` included, unlike the others), every `"` becomes `'`, and every `_` becomes a space (the official
+#: `.replace('_', ' ')` runs on the filled prompt, sentence included).
+SentenceRule = Literal["none", "append_period", "promptbert", "prompteol", "moee"]
 SENTENCE_RULES = typing.get_args(SentenceRule)
 
 
@@ -32,6 +35,10 @@ def apply_sentence_rule(sentence: str, rule: str) -> str:
         return sentence
     if rule not in SENTENCE_RULES:
         raise ConfigError(f"unknown sentence_rule {rule!r}; valid: {', '.join(SENTENCE_RULES)}")
+    if rule == "moee":
+        if sentence and sentence[-1] not in ".?!\"'":
+            sentence += "."
+        return sentence.replace('"', "'").replace("_", " ")
     if sentence and sentence[-1] not in ".?\"'":
         sentence += "."
     if rule == "prompteol":

@@ -19,7 +19,13 @@ from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.readers import read_sentences
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, load_registry
-from promptemb.encoder.model import Encoder, combine_needs, expand_parts, reads_run_template
+from promptemb.encoder.model import (
+    Encoder,
+    check_poolers_on_config,
+    combine_needs,
+    expand_parts,
+    reads_run_template,
+)
 from promptemb.encoder.settings import TemplateSettings
 from promptemb.encoder.template import Template
 from promptemb.evaluation.report import markdown_table, scoring_provenance, software_versions
@@ -52,6 +58,7 @@ def check_template_is_read(template: Template | None, sentence_rule: str, pooler
 def build_encoder(settings: EvaluateSettings, poolers) -> Encoder:
     """`Encoder` from the backbone's keyword arguments (checked against its constructor) and what the poolers need."""
     needs = combine_needs(poolers)
+    check_poolers_on_config(str(settings.backbone["name_or_path"]), poolers, settings.backbone.get("revision"))
     return Encoder(**{**settings.backbone, **inference_options(settings.backbone)}, attentions=needs.attentions,
                    mlm_head=needs.mlm_head, progress=settings.progress)
 

@@ -27,6 +27,7 @@ from promptemb.poolers.idf import IdfPooler
 from promptemb.poolers.mask import MaskPooler
 from promptemb.poolers.mask_topk import MaskTopKPooler
 from promptemb.poolers.mean import MeanPooler
+from promptemb.poolers.moee import MOEE_PROMPTEOL, MoEEPooler
 from promptemb.poolers.prompteol_icl import DEFAULT_DEMONSTRATION, DemonstrationPooler
 from promptemb.poolers.random_embeddings import RandomEmbeddingPooler
 from promptemb.poolers.remove_biases import RemoveBiasesPooler
@@ -69,6 +70,12 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "token_prepending": (TokenPrependingPooler, {}),
     "contrastive_prompting": (ContrastivePromptingPooler, {}),
     "prompteol_icl": (DemonstrationPooler, {}),
+    # MoEE (mixture-of-experts decoders): routing weights, hidden state and their combinations of one forward
+    "moee_hs": (MoEEPooler, {"embedding": "hs"}),
+    "moee_rw": (MoEEPooler, {"embedding": "rw"}),
+    "moee": (MoEEPooler, {"embedding": "concat"}),
+    "moee_sum": (MoEEPooler, {"embedding": "sum"}),
+    "moee_prompteol": (MoEEPooler, {"embedding": "concat", "template": MOEE_PROMPTEOL}),
     # ensembles: `ensemble` takes its members from pooler_args (`NAME+NAME` is the same without arguments)
     "ensemble": (EnsemblePooler, {}),
     "ck": (EnsemblePooler, {"members": ["ke", "pcot"], "layer": -1,
@@ -102,6 +109,7 @@ _PROMPTEOL = 'Jiang et al. (2023), "Scaling Sentence Embeddings with Large Langu
 _PRETCOT_KE = ('Zhang et al. (2024), "Simple Techniques for Enhancing Sentence Embeddings in Generative Language '
                'Models"')
 _ECHO = 'Springer et al. (2024), "Repetition Improves Language Model Embeddings"'
+_MOEE = 'Li & Zhou (2025), "Your Mixture-of-Experts LLM Is Secretly an Embedding Model For Free" (MoEE)'
 PAPERS: dict[str, str] = {
     "cls": 'Devlin et al. (2019), "BERT": the [CLS] state',
     "mean": 'Reimers & Gurevych (2019), "Sentence-BERT": mean pooling',
@@ -140,6 +148,11 @@ PAPERS: dict[str, str] = {
                              'Inference-Time Steering"',
     "prompteol_icl": f"{_PROMPTEOL}, §3.2 in-context learning: PromptEOL after one demonstration (the official "
                      f"run_icl.sh's, {DEFAULT_DEMONSTRATION} by default)",
+    "moee_hs": f"{_MOEE}: HS, the last token's state after the final norm of the prompt `\"[X]\"`",
+    "moee_rw": f"{_MOEE}: RW, the routers' logits at the last token over every MoE block, standardised per batch",
+    "moee": f"{_MOEE}: MoEE (concat), [HS, RW] standardised per batch",
+    "moee_sum": f"{_MOEE}: MoEE (sum), the similarity cos_HS + w·cos_RW as one embedding",
+    "moee_prompteol": f"{_MOEE}: MoEE (concat) with the PromptEOL prompt (`--embed_method prompteol`)",
     "ensemble": "a prompt ensemble: the (weighted) mean of its member poolers' embeddings, as MetaEOL (Lei et al. "
                 "2024) and CK (Cheng et al. 2025) average prompts",
     "ck": 'Cheng et al. (2025), "Contrastive Prompting Enhances Sentence Embeddings in LLMs through Inference-Time '

@@ -108,3 +108,41 @@ def load_causal_lm(directory: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     return AutoTokenizer.from_pretrained(directory), AutoModelForCausalLM.from_pretrained(directory).eval()
+
+
+#: mixture-of-experts families MoEE runs on (tests/poolers/test_moee.py)
+MOE_FAMILIES = ("olmoe", "qwen2_moe")
+
+
+def build_moe_decoder(family: str, vocab_size: int, *, layers: int = 3, hidden: int = 64, experts: int = 8,
+                      mlp_only_layers: tuple[int, ...] = (), seed: int = 0):
+    """A randomly initialised OLMoE or Qwen2-MoE *ForCausalLM (float32, eval mode; 8 experts, top 2, Qwen2-MoE with
+    its shared expert). The routers are redrawn with std 0.5 so tokens spread over the experts (transformers draws
+    them with the initializer range, 0.02, which routes nearly uniformly)."""
+    from transformers import OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=2048, num_experts=experts, num_experts_per_tok=2,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    if family == "olmoe":
+        model = OlmoeForCausalLM(OlmoeConfig(intermediate_size=32, **common))
+    elif family == "qwen2_moe":
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(intermediate_size=2 * hidden, moe_intermediate_size=32,
+                                                   shared_expert_intermediate_size=48, decoder_sparse_step=1,
+                                                   mlp_only_layers=list(mlp_only_layers), **common))
+    else:
+        raise ValueError(f"unknown MoE family {family!r}; valid: {', '.join(MOE_FAMILIES)}")
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("TopKRouter"):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.5)
+    return model.eval()
+
+
+def save_tiny_moe_decoder(directory: Path, family: str, **kwargs) -> Path:
+    tokenizer = train_tokenizer("llama")
+    build_moe_decoder(family, len(tokenizer), **kwargs).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
