@@ -22,7 +22,6 @@ from promptemb.common.validation import (
     Settings,
     check_device,
     check_readable_file,
-    check_settings,
     check_writable_dir,
 )
 from promptemb.encoder.loading import check_model_source
@@ -90,18 +89,16 @@ class EvaluateSettings(Settings):
 
     @model_validator(mode="before")
     @classmethod
-    def check(cls, values: dict) -> dict:
-        """What the composed config must satisfy whatever the machine (`check_evaluate_composition`); pydantic then
-        refuses any key none of the fields declares, before `check_machine_and_files` reads the disk."""
-        check_evaluate_composition(values)
-        return {**values, "resolved": values}
+    def record(cls, values: dict) -> dict:
+        return {**values, "resolved": values} if isinstance(values, dict) else values
 
     @model_validator(mode="after")
-    def check_machine_and_files(self, info: ValidationInfo) -> EvaluateSettings:
-        """Everything about the config that can be refuted before a model or a data file is loaded (one
-        `ConfigError` line each): the device, the files read and written, the model's files, and the options a
-        trained model would ignore (`info.context`: the command's `RunContext`, whose overrides say which keys were
-        given)."""
+    def check(self, info: ValidationInfo) -> EvaluateSettings:
+        """After pydantic's types and keys: the backbone against `Encoder`, a single template; then everything that
+        can be refuted before a model or a data file is loaded (one `ConfigError` line each): the device, the files
+        read and written, the model's files, and the options a trained model would ignore (`info.context`: the
+        command's `RunContext`, whose overrides say which keys were given)."""
+        check_evaluate_composition(self.resolved)
         if info.context == COMPOSITION:
             return self
         backbone = self.backbone
@@ -126,9 +123,7 @@ class EvaluateSettings(Settings):
 
 
 def check_evaluate_composition(values: dict) -> None:
-    """What a resolved evaluate.py config must satisfy whatever the machine: the types and ranges of its keys, the
-    backbone, a single template."""
-    check_settings(values, EvaluateSettings)
+    """What a resolved evaluate.py config must satisfy whatever the machine: the backbone, a single template."""
     check_template(values, None)
     check_backbone(values)
 

@@ -127,8 +127,7 @@ def test_hydra_keys_and_the_keys_configs_carry_are_accepted(tmp_path):
 def test_a_key_no_config_has_is_refused_at_every_depth(entry, settings, overrides):
     """A `+key` Hydra accepts and the settings do not declare, at the top, in a group, in a `_target_` node, in a
     map of nodes: one line naming it and the closest valid key."""
-    nested = {"train": [("+extras.print_configs=true", r"^extras\.print_configs is not a parameter of the extras "
-                                                       r"group"),
+    nested = {"train": [("+extras.print_configs=true", r"^extras\.print_configs is not a key of the extras group"),
                         ("+hparams_search.n_trial=3", r"^hparams_search\.n_trial is not a key of the hparams_search "
                                                       r"group; did you mean hparams_search\.n_trials\?$"),
                         ("+data.batch_sizes=4", r"^data\.batch_sizes is not a parameter of TextLinesDataModule; did "
@@ -138,9 +137,9 @@ def test_a_key_no_config_has_is_refused_at_every_depth(entry, settings, override
                                                                         r"callbacks\.lr_monitor\?$"),
                         ("+expected_scores.tolerence=1", r"^expected_scores\.tolerence is not a key of "
                                                          r"expected_scores; did you mean expected_scores\.tolerance")],
-              "eval": [("+template.txt=x", r"^template\.txt is not a parameter of a template option; did you mean "
+              "eval": [("+template.txt=x", r"^template\.txt is not a key of a template option; did you mean "
                                            r"template\.text\?$")],
-              "export": [("+template.txt=x", r"^template\.txt is not a parameter of a template option")]}
+              "export": [("+template.txt=x", r"^template\.txt is not a key of a template option")]}
     name = {"train": "train.py", "eval": "evaluate.py", "encode": "evaluate.py", "export": "export.py"}[entry]
     near, meant = ("ckpts", "ckpt") if entry == "export" else ("seeed", "seed")
     cases = [(f"+{near}=3", rf"^{near} is not a key of {re.escape(name)}'s config; did you mean {meant}\?$"),

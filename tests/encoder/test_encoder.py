@@ -267,17 +267,14 @@ def test_parallel_batches_out_of_range_or_with_compile_is_refused(tiny_bert):
 
 def test_autocast_and_parallel_batches_keys_are_checked_like_every_key():
     """evaluate.py's config check (the generic checker) reads the choices and the range from Encoder's hints."""
-    from promptemb.common.validation import check_value, parameter_hints
+    from promptemb.common.validation import check_node
 
-    hints = parameter_hints(Encoder)[0]
-    with pytest.raises(ConfigError, match=r"^backbone\.autocast='fp8' is not valid: autocast must be one of auto, "
-                                          r"bf16, none$"):
-        check_value("backbone.autocast", "fp8", hints["autocast"])
-    with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches=0 is out of range: parallel_batches must be "
-                                          r"an integer >= 1$"):
-        check_value("backbone.parallel_batches", 0, hints["parallel_batches"])
-    check_value("backbone.autocast", "bf16", hints["autocast"])
-    check_value("backbone.parallel_batches", 2, hints["parallel_batches"])
+    with pytest.raises(ConfigError, match=r"^backbone\.autocast='fp8': Input should be 'auto', 'bf16' or 'none'$"):
+        check_node("backbone.", {"autocast": "fp8"}, Encoder)
+    with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches=0: Input should be greater than or equal to "
+                                          r"1$"):
+        check_node("backbone.", {"parallel_batches": 0}, Encoder)
+    check_node("backbone.", {"autocast": "bf16", "parallel_batches": 2}, Encoder)
 
 
 def test_batch_spans_by_count_and_by_token_budget():
@@ -332,7 +329,8 @@ def test_max_batch_tokens_default_and_bad_values(tiny_bert, monkeypatch):
     with pytest.raises(ConfigError, match=r"^max_batch_tokens must be an integer >= 1, 'auto' or null, got 0$"):
         Encoder(str(tiny_bert), device="cpu", max_batch_tokens=0)
     hints = parameter_hints(Encoder)[0]
-    with pytest.raises(ConfigError, match=r"^backbone\.max_batch_tokens=0 "):
+    with pytest.raises(ConfigError, match=r"^backbone\.max_batch_tokens=0: Input should be greater than or equal to 1 "
+                                          r"or 'auto'$"):
         check_value("backbone.max_batch_tokens", 0, hints["max_batch_tokens"])
     for value in ("auto", None, 4096):
         check_value("backbone.max_batch_tokens", value, hints["max_batch_tokens"])
