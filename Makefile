@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= disabled
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart seeds reproduce evaluate test test-slow bench compare
+.PHONY: install quickstart seeds reproduce evaluate test test-slow bench compare image-versions
 
 # PYTHONWARNINGS: setuptools prints an information notice ("Editable installation.") for every editable install of a
 # mapped package layout such as ours (docs/layout.md); it is the one thing filtered, so any real packaging warning shows.
@@ -50,3 +50,12 @@ bench: install
 
 compare: install
 	$(BIN)/python scripts/compare_sentence_transformers.py
+
+# The GPU image's library versions, tested on this CPU; run it before any GPU call. A second venv, .venv-image,
+# with the pins of .ci/image-versions.txt (transformers 5.17.0, sentence-transformers 6.0.1, pytorch-lightning
+# 2.6.6) and .ci/constraints.txt (the torch 2.13.0 CPU wheel), rebuilt only when a pin or pyproject.toml changes;
+# prints the versions, then runs in it the CUDA-profile rehearsal tests, the folded-forward and encoder tests,
+# `bench/gpu_validation.py --rehearse` and its encode part shortened; exits 1 when one fails (scripts/image_versions.sh,
+# docs/benchmarks.md "Image versions check"; 15-40 minutes on the shared 2-core CPU, by its load).
+image-versions:
+	bash scripts/image_versions.sh

@@ -66,6 +66,7 @@ import torch
 
 import promptemb.encoder.forward as encoder_forward
 import promptemb.lightning_modules.base as base
+from promptemb.common.device_profile import DeviceProfile
 from promptemb.common.errors import ConfigError, UserError
 from promptemb.common.instantiate import build
 from promptemb.common.io import atomic_write_json
@@ -226,9 +227,7 @@ def run(cfg, steps: int, warmup: int, device: torch.device) -> dict:
     precision = str(cfg.trainer.precision)
     if precision not in AUTOCAST:
         raise ConfigError(f"trainer.precision={precision} is not supported by the benchmark; use 32-true or bf16-mixed")
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # what trainer=gpu runs with
-        torch.backends.cudnn.allow_tf32 = True
+    DeviceProfile.for_device(device, precision).apply_training_matmul_precision()  # what trainer=gpu runs with
     module, datamodule = _setup(cfg, device)
     apply_compile(cfg, module)
     params = [p for p in module.parameters() if p.requires_grad]

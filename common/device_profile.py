@@ -111,12 +111,24 @@ class DeviceProfile:
 
     # -- what Lightning gets ------------------------------------------------------------------------------------
 
-    def lightning_device_settings(self, accelerator: Any, devices: Any) -> tuple[Any, Any]:
-        """(accelerator, devices) for pytorch_lightning.Trainer: as configured, or the CPU (one device) when
-        rehearsing."""
-        if self.rehearsal:
-            return "cpu", devices if isinstance(devices, int) and devices >= 1 else 1
-        return accelerator, devices
+    def lightning_settings(self, settings: dict) -> dict:
+        """pytorch_lightning.Trainer's keyword arguments: as configured, or, when rehearsing, the CPU (one device)
+        with the CUDA run's precision. Lightning turns `16-mixed` on a CPU accelerator into `bf16-mixed` (no
+        GradScaler, with a warning); the rehearsal hands it the plugin a CUDA run gets instead (fp16 autocast and a
+        GradScaler, on the CPU's device type), so the scaled-gradient path is what runs."""
+        if not self.rehearsal:
+            return settings
+        devices = settings.get("devices", "auto")
+        rehearsed = {**settings, "accelerator": "cpu", "devices": devices if isinstance(devices, int) and devices >= 1
+                     else 1}
+        if self.scaled_gradients:
+            from pytorch_lightning.plugins.precision import MixedPrecision
+
+            rehearsed.pop("precision")
+            plugins = settings.get("plugins") or []
+            rehearsed["plugins"] = [*(plugins if isinstance(plugins, list | tuple) else [plugins]),
+                                    MixedPrecision("16-mixed", "cpu")]
+        return rehearsed
 
     # -- optimiser and clipping ---------------------------------------------------------------------------------
 
@@ -185,50 +197,106 @@ def profile_of(trainer: Any) -> DeviceProfile:
 
 
 # -- TF32 switches ------------------------------------------------------------------------------------------------
+#
+# torch >= 2.9 keeps two views of the same switches: the legacy flags (`torch.get_float32_matmul_precision()`,
+# `torch.backends.cuda.matmul.allow_tf32`, `torch.backends.cudnn.allow_tf32`) and the `fp32_precision` strings. Each
+# legacy getter raises ("you have used mix of the legacy and new APIs") once a new-API write left the two views
+# disagreeing, and libraries read the legacy view on CUDA only: Lightning's CUDA accelerator at every fit
+# (`_check_cuda_matmul_precision`), inductor's caches and conv templates. So the project writes through the legacy
+# setters, which update both views together (docs/training.md, "The CUDA surface"), and writes the new API only to
+# put back what a caller had set through it.
 
 
-def _precision_switches() -> list[tuple[Any, str]]:
-    """(object, attribute) of each fp32 precision switch this torch has: the fp32_precision API (torch >= 2.9),
-    else the allow_tf32 flags."""
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn
-    if hasattr(matmul, "fp32_precision") and hasattr(getattr(conv, "conv", None), "fp32_precision"):
-        return [(matmul, "fp32_precision"), (conv.conv, "fp32_precision")]
-    return [(matmul, "allow_tf32"), (conv, "allow_tf32")]
+def _legacy_views() -> dict[str, Callable[[], Any]]:
+    """The legacy getters, by name."""
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision,
+            "cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+            "cudnn.allow_tf32": lambda: torch.backends.cudnn.allow_tf32}
+
+
+def _fp32_precision_switches() -> dict[str, Any]:
+    """The objects that carry an `fp32_precision` string (torch >= 2.9; none before), by name: CUDA matmuls, cuDNN
+    convolutions and RNNs, oneDNN's CPU matmuls and convolutions (`bf16` there multiplies float32 in bf16)."""
+    backends = torch.backends
+    owners = {"cuda.matmul": backends.cuda.matmul, "cudnn.conv": getattr(backends.cudnn, "conv", None),
+              "cudnn.rnn": getattr(backends.cudnn, "rnn", None),
+              "mkldnn.matmul": getattr(backends.mkldnn, "matmul", None),
+              "mkldnn.conv": getattr(backends.mkldnn, "conv", None)}
+    return {name: owner for name, owner in owners.items() if _has_fp32_precision(owner)}
+
+
+def _has_fp32_precision(owner: Any) -> bool:
+    try:
+        return owner is not None and isinstance(owner.fp32_precision, str)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def precision_views() -> dict[str, Any]:
+    """Every getter of both APIs: its value, or `raises` where torch refuses to answer (the mixed state)."""
+    views = {}
+    for name, getter in _legacy_views().items():
+        try:
+            views[name] = getter()
+        except RuntimeError:
+            views[name] = "raises"
+    views.update({f"{name}.fp32_precision": owner.fp32_precision for name, owner in _fp32_precision_switches().items()})
+    return views
 
 
 def set_matmul_precision(mode: str) -> None:
-    """`tf32` or `ieee` for CUDA matmuls and cuDNN convolutions, process-wide."""
-    for owner, name in _precision_switches():
-        setattr(owner, name, mode if name == "fp32_precision" else mode == "tf32")
+    """`tf32` or `ieee` for CUDA matmuls and cuDNN convolutions, process-wide, through the legacy setters, so both
+    APIs' getters answer (`tf32`: `high`/True/True; `ieee`: `highest`/False/False). oneDNN's CPU switches are left
+    as they are."""
+    if mode not in ("tf32", "ieee"):
+        raise ValueError(f"matmul precision {mode!r}: expected 'tf32' or 'ieee'")
+    torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+    torch.backends.cudnn.allow_tf32 = mode == "tf32"
 
 
 def matmul_precision() -> str:
-    """`tf32` when CUDA matmuls may use TF32, else `ieee`."""
-    owner, name = _precision_switches()[0]
-    value = getattr(owner, name)
-    return ("tf32" if value == "tf32" else "ieee") if name == "fp32_precision" else ("tf32" if value else "ieee")
+    """`tf32` when CUDA matmuls may use TF32, else `ieee` (read through the legacy getter, which raises in the mixed
+    state)."""
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
-def _cpu_precision_switches() -> list[tuple[Any, str]]:
-    """oneDNN's fp32 precision switches (CPU matmuls and convolutions; `bf16` there would multiply float32 in bf16),
-    where this torch has them."""
-    mkldnn = torch.backends.mkldnn
-    return [(owner, "fp32_precision") for owner in (getattr(mkldnn, "matmul", None), getattr(mkldnn, "conv", None))
-            if hasattr(owner, "fp32_precision")]
+@contextlib.contextmanager
+def preserved_matmul_precision() -> Iterator[None]:
+    """Whatever the block sets, every precision getter of both APIs answers after it what it answered before."""
+    saved_legacy = {name: value for name, value in precision_views().items()
+                    if name in _legacy_views() and value != "raises"}
+    saved_switches = {name: owner.fp32_precision for name, owner in _fp32_precision_switches().items()}
+    try:
+        yield
+    finally:
+        _restore(saved_legacy, saved_switches)
 
 
 @contextlib.contextmanager
 def exact_matmuls() -> Iterator[None]:
-    """IEEE float32 matmuls and convolutions inside the block, whatever training or the process set (CUDA's TF32 off,
-    oneDNN's reduced fp32 precision off); restored after."""
-    switches = _precision_switches()
-    cpu_switches = _cpu_precision_switches()
-    saved = [getattr(owner, name) for owner, name in switches + cpu_switches]
-    set_matmul_precision("ieee")
-    for owner, name in cpu_switches:
-        setattr(owner, name, "ieee")
-    try:
+    """IEEE float32 matmuls and convolutions inside the block, whatever training or the process set (CUDA's TF32
+    off, oneDNN's reduced fp32 precision off), every getter of both APIs answering (`highest`/False/False); what was
+    there restored after, getter for getter."""
+    with preserved_matmul_precision():
+        torch.set_float32_matmul_precision("highest")  # CUDA's and oneDNN's matmuls, both views
+        torch.backends.cudnn.allow_tf32 = False
+        conv = _fp32_precision_switches().get("mkldnn.conv")
+        if conv is not None:
+            conv.fp32_precision = "ieee"
         yield
-    finally:
-        for (owner, name), value in zip(switches + cpu_switches, saved, strict=True):
-            setattr(owner, name, value)
+
+
+def _restore(legacy: dict[str, Any], switches: dict[str, str]) -> None:
+    """The legacy flags first (each write sets both views), then each `fp32_precision` string, which then agrees
+    with its flag: a state where every getter answered comes back with every getter answering the same. A caller's
+    mixed state (a legacy getter raised on entry) comes back as its `fp32_precision` strings."""
+    if "float32_matmul_precision" in legacy:
+        torch.set_float32_matmul_precision(legacy["float32_matmul_precision"])
+    if "cuda.matmul.allow_tf32" in legacy:
+        torch.backends.cuda.matmul.allow_tf32 = legacy["cuda.matmul.allow_tf32"]
+    if "cudnn.allow_tf32" in legacy:
+        torch.backends.cudnn.allow_tf32 = legacy["cudnn.allow_tf32"]
+    owners = _fp32_precision_switches()
+    for name, value in switches.items():
+        if owners[name].fp32_precision != value:
+            owners[name].fp32_precision = value

@@ -33,6 +33,7 @@ from promptemb.data.training_corpora import (
     iter_nli_csv,
     iter_text_lines,
     normalise_for_matching,
+    scored_pairs,
     sick_triplets,
 )
 
@@ -46,13 +47,16 @@ CORPUS_FORMAT = 1
 #: maps the pages around each header it touches (fault-around, 64 KiB), so small batches would leave a share of the
 #: whole file in the process's RSS (about half of it at 1,000 rows of ids; 5% at 10,000; 0.5% at 100,000).
 WRITE_BATCH = 100_000
-SLOTS = {"lines": 1, "nli_csv": 3, "sick": 3}
+SLOTS = {"lines": 1, "nli_csv": 3, "sick": 3, "stsb": 2, "sick_relatedness": 2}
+#: Formats whose examples carry a gold score after their sentences, stored in the table's `score` column.
+SCORED_FORMATS = ("stsb", "sick_relatedness")
 
 
 @dataclass(frozen=True)
 class CorpusSource:
     """What a corpus table is made from: the files in order, their format (`lines`: one sentence per non-blank line;
-    `nli_csv`: SimCSE's sent0,sent1,hard_neg csv; `sick`: triplets built from SICK train), the held-out sentences
+    `nli_csv`: SimCSE's sent0,sent1,hard_neg csv; `sick`: triplets built from SICK train; `stsb`, `sick_relatedness`:
+    sentence pairs with a gold score, `training_corpora.SCORED_PAIR_READERS`), the held-out sentences
     (None: nothing held out) and how many of the kept examples to keep."""
 
     format: str
@@ -71,7 +75,7 @@ class CorpusSource:
             return
         for path in self.paths:
             if not path.is_file():
-                kind = "NLI" if self.format == "nli_csv" else "SICK"
+                kind = {"nli_csv": "NLI", "sick": "SICK"}.get(self.format, "scored-pair")
                 raise DataError(f"{kind} file {path} does not exist; check data.file and data_root")
 
     def key(self) -> dict:
@@ -90,6 +94,9 @@ class CorpusSource:
             return iter_text_lines(self.paths, progress=progress)
         if self.format == "nli_csv":
             return (example for path in self.paths for example in iter_nli_csv(path, progress=progress))
+        if self.format in SCORED_FORMATS:
+            return (example for path in self.paths
+                    for example in _read_whole(path, lambda p: scored_pairs(p, self.format), progress))
         return (example for path in self.paths for example in _read_whole(path, sick_triplets, progress))
 
 
@@ -122,6 +129,12 @@ class CorpusTable:
     @property
     def slots(self) -> int:
         return len(self.columns)
+
+    def scores(self) -> np.ndarray | None:
+        """The gold score of every example of a scored-pair corpus (float64), None for other corpora."""
+        if "score" not in self.table.column_names:
+            return None
+        return self.table.data.column("score").to_numpy().astype(np.float64)
 
     @property
     def columns(self) -> list[str]:
@@ -165,16 +178,25 @@ def write_corpus(staging: Path, source: CorpusSource, minimum_examples: int) -> 
     from datasets.utils.tqdm import tqdm
 
     slots, held, limit = source.slots, source.held_out, source.max_examples
+    scored = source.format in SCORED_FORMATS  # (sentence, ..., score): the score goes to its own column
     held_sentences = held.sentences if held is not None else {}
-    features = datasets.Features({f"text{k}": datasets.Value("string") for k in range(slots)})
+    features = datasets.Features({f"text{k}": datasets.Value("string") for k in range(slots)}
+                                 | ({"score": datasets.Value("float64")} if scored else {}))
     read = kept = dropped = 0
     by_task = [0] * (len(held.tasks) if held is not None else 0)
     columns: list[list[str]] = [[] for _ in range(slots)]
+    scores: list[float] = []
+
+    def batch() -> dict:
+        return {f"text{k}": column for k, column in enumerate(columns)} | ({"score": scores} if scored else {})
+
     total = sum(path.stat().st_size for path in source.paths)
     with tqdm(total=total, unit="B", unit_scale=True, desc="reading corpus") as bar, \
             ArrowWriter(features=features, path=str(staging / "corpus.arrow"), writer_batch_size=WRITE_BATCH) as writer:
         for example in source.examples(progress=bar.update):
             read += 1
+            if scored:
+                *example, score = example
             if held_sentences:
                 if slots == 1:
                     mask = held_sentences.get(normalise_for_matching(example), 0)
@@ -195,11 +217,13 @@ def write_corpus(staging: Path, source: CorpusSource, minimum_examples: int) -> 
             else:
                 for column, sentence in zip(columns, example, strict=True):
                     column.append(sentence)
+            if scored:
+                scores.append(score)
             if len(columns[0]) >= WRITE_BATCH:
-                writer.write_batch({f"text{k}": column for k, column in enumerate(columns)})
-                columns = [[] for _ in range(slots)]
+                writer.write_batch(batch())
+                columns, scores = [[] for _ in range(slots)], []
         if columns[0]:
-            writer.write_batch({f"text{k}": column for k, column in enumerate(columns)})
+            writer.write_batch(batch())
         writer.finalize()
     counts = {"read": read, "dropped_held_out": dropped, "examples": kept,
               "dropped_by_task": {task: n for task, n in zip(held.tasks, by_task, strict=True) if n} if held else {}}

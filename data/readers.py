@@ -12,6 +12,7 @@ Every malformed line raises `DataError` naming `file:line`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,11 @@ class SentencePairs:
         self.sentences2 += other.sentences2
         self.gold += other.gold
         self.subsets += other.subsets
+
+    def take(self, indices: Sequence[int]) -> SentencePairs:
+        """The pairs at `indices`, in that order."""
+        return SentencePairs(*([values[i] for i in indices]
+                               for values in (self.sentences1, self.sentences2, self.gold, self.subsets)))
 
     def gold_array(self) -> np.ndarray:
         return np.asarray(self.gold, dtype=np.float64)

@@ -118,9 +118,33 @@ class TaskSpec:
             pairs = read_stsb(paths[self.record["file"]["path"]], self.split)
         else:
             pairs = read_sick(paths[self.record["file"]["path"]], self.split)
+        if "subset" in self.record:
+            pairs = self._subset(pairs)
         if len(pairs) != self.pairs:
             raise DataError(f"task {self.name}: read {len(pairs)} scored pairs, expected {self.pairs}")
         return pairs
+
+    def _subset(self, pairs: SentencePairs) -> SentencePairs:
+        """A fixed subset of the file's scored pairs, in file order: `subset: {of: N, step: K, start: S, count: C}`
+        keeps pairs S, S+K, S+2K, ... (at most C of them; start 0, step 1 and all of them by default) of a file whose
+        scored-pair count is checked first (`of`), so the subset is the same wherever the verified file is read.
+        `step` spreads the subset over a file ordered by source (STS-B test: captions, then forums, then news)."""
+        subset = self.record["subset"]
+        known = {"of", "step", "start", "count"}
+        if not isinstance(subset, dict) or not set(subset) <= known or "of" not in subset:
+            raise ConfigError(f"task {self.name}: subset must be a mapping with 'of' (the file's scored-pair count) "
+                              f"and optionally 'step', 'start', 'count'; got {subset!r}")
+        values = {"start": 0, "step": 1, "count": subset["of"], **subset}
+        if not all(isinstance(value, int) and not isinstance(value, bool) for value in values.values()) or not (
+                values["of"] >= 1 and values["step"] >= 1 and values["count"] >= 1
+                and 0 <= values["start"] < values["of"]):
+            raise ConfigError(f"task {self.name}: subset needs integers of >= 1, step >= 1, count >= 1 and "
+                              f"0 <= start < of; got {subset!r}")
+        if len(pairs) != values["of"]:
+            raise DataError(f"task {self.name}: read {len(pairs)} scored pairs, expected {values['of']} before taking "
+                            f"its subset {subset!r}")
+        indices = range(values["start"], values["of"], values["step"])[:values["count"]]
+        return pairs.take(indices)
 
 
 @cache

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from promptemb.common.errors import DataError
-from promptemb.data.readers import invalid_utf8_error, read_utf8_text
+from promptemb.data.readers import invalid_utf8_error, read_sick, read_stsb, read_utf8_text
 from promptemb.data.tasks import CLUSTERING_SUITE, TRANSFER_SUITE, get_tasks
 
 NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
@@ -169,6 +169,23 @@ def iter_nli_csv(path: Path, progress: Callable[[int], object] | None = None) ->
 def read_nli_csv(path: Path) -> list[tuple[str, str, str]]:
     """`iter_nli_csv` as a list (small corpora)."""
     return list(iter_nli_csv(path))
+
+
+#: Scored-pair corpora: format -> (reader, the line of the file its first pair is on). `stsb`: the STS-B csv layout
+#: (score in column 4, sentences in 5 and 6); `sick_relatedness`: SICK's (header, relatedness score in column 3).
+SCORED_PAIR_READERS = {"stsb": (read_stsb, 1), "sick_relatedness": (read_sick, 2)}
+
+
+def scored_pairs(path: Path, format: str) -> list[tuple[str, str, float]]:
+    """(sentence 1, sentence 2, gold score) of every pair of a scored-pair file, sentences whitespace-normalised as
+    the STS readers normalise them (the file is small: read whole)."""
+    if not path.is_file():
+        raise DataError(f"scored-pair file {path} does not exist; check data.file and data_root")
+    reader, _ = SCORED_PAIR_READERS[format]
+    pairs = reader(path, "train")
+    if not len(pairs):
+        raise DataError(f"empty corpus: no scored pair in {path}")
+    return list(zip(pairs.sentences1, pairs.sentences2, pairs.gold, strict=True))
 
 
 def sick_triplets(path: Path) -> list[tuple[str, str, str]]:

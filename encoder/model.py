@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -99,6 +100,9 @@ class EncodeStats:
 
     forward_batches: int = 0
     forward_sequences: int = 0
+    #: one record per input form encoded: its poolers, sentences, tokens, batches and wall seconds (tokenizing,
+    #: forwards and pooling; a decoder method's auxiliary forward included), so methods sharing one run get a cost each
+    forms: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -371,7 +375,7 @@ class Encoder:
             if own is not None:  # a decoder method's own template (or Echo's), checked here instead of the run's
                 if own.decoder is None or own.decoder.echo_template is None:
                     check_last_token_template(pooler.name, own.template)
-            elif needs.decoder:
+            elif needs.decoder and needs.templated:  # a decoder pooler on the run's template (last_token)
                 check_last_token_template(pooler.name, template)
             for layer in needs.layers:
                 normalize_layer(layer, self.num_layers)
@@ -468,6 +472,7 @@ class Encoder:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         progress = self.progress if progress is None else bool(progress)
+        started = time.perf_counter()
         builder = self.input_builder(form)
         items = builder.build(list(sentences))
         label = "templated" if form.template else "plain"
@@ -506,6 +511,9 @@ class Encoder:
             unsorted = np.empty_like(stacked)
             unsorted[order] = stacked
             result[pooler.name] = unsorted
+        self.stats.forms.append({"input": label, "poolers": [pooler.name for pooler in poolers],
+                                 "sentences": len(items), "tokens": int(lengths.sum()), "batches": len(mine),
+                                 "seconds": round(time.perf_counter() - started, 2)})
         return result
 
     @contextlib.contextmanager

@@ -135,6 +135,7 @@ class Evaluation:
         prov.update(seed=settings.seed, config=settings.resolved)
         prov["data_root"] = str(session.corpora().root)
         prov["forward_sequences"] = encoder.stats.forward_sequences
+        prov["forward_forms"] = encoder.stats.forms
         prov["wall_time_s"] = round(time.perf_counter() - self.started, 2)
         results = session.record(result, prov)
         json_path, md_path = session.report(Path(settings.output_dir), results)

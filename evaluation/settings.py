@@ -111,7 +111,8 @@ class EvaluateSettings(Settings):
             check_writable_dir("output_dir", self.output_dir)
         if isinstance(name := backbone.get("name_or_path"), str):
             check_model_source(name)
-            if backbone.get("revision") and (name.startswith("package:") or Path(name).expanduser().exists()):
+            if backbone.get("revision") and (name.startswith(("package:", "model:"))
+                                             or Path(name).expanduser().exists()):
                 raise ConfigError(f"backbone.revision={backbone['revision']} selects a version of a Hugging Face Hub "
                                   f"model, but {name} is local: drop backbone.revision")
             check_source_options(name, self.allow_unverified_weights, getattr(info.context, "overrides", ()))

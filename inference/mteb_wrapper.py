@@ -74,7 +74,7 @@ class MTEBEncoder:
                  batch_size: int = 64):
         self.encoder = encoder
         self.batch_size = batch_size
-        base = str(encoder.source.get("base_model", "model")).replace("package:", "").rstrip("/")
+        base = str(encoder.source.get("base_model", "model")).replace("package:", "").replace("model:", "").rstrip("/")
         self.name = name or f"promptemb/{Path(base).name}"
         self.revision = revision or (encoder.source.get("checkpoint_sha256") or "local")[:12]
         self._meta = None

@@ -108,6 +108,24 @@ class LastTokenPooler(Pooler):
         return record
 
 
+class PlainLastTokenPooler(LastTokenPooler):
+    """e = h^(l)_T of the plain sentence, no prompt: the last real token's state, the no-prompt baseline beside
+    `mean` (Jiang et al. 2023 compare PromptEOL with both). It shares the plain sentence's forward with `mean`: the
+    sentence framed by the tokenizer's own special tokens (LLaMA `<s>` before it, OPT `</s>` before it, GPT-2 and
+    SmolLM2 none), so T is the sentence's last token, or the end token where a tokenizer appends one. The run's
+    template and sentence rule do not apply; a truncated sentence pools its last kept token."""
+
+    def __init__(self, name: str = "last_token_plain", layer: int = -1, paper: str | None = None):
+        super().__init__(name, layer, None, "none", paper)
+
+    @property
+    def needs(self) -> Needs:
+        return Needs(layers=(self.layer,), decoder=True)
+
+    def arguments(self) -> dict:
+        return {"layer": self.layer, "paper": self.paper, "input": "plain sentence (no template)"}
+
+
 class TokenPrependingPooler(LastTokenPooler):
     """Token Prepending (Fu et al. 2025): e = h^(l)_T of a template with a `<PST>` slot before the sentence; before
     each block i with `start` <= i < `exit` (0-based) the `<PST>` input is overwritten with that block's input at the

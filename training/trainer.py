@@ -42,8 +42,7 @@ class Trainer(pl.Trainer):
         """`compile`: torch.compile the backbone (see the module docstring); every other argument is
         pytorch_lightning.Trainer's."""
         planned = DeviceProfile.for_trainer_settings(kwargs.get("accelerator"), kwargs.get("precision"))
-        kwargs["accelerator"], kwargs["devices"] = planned.lightning_device_settings(
-            kwargs.get("accelerator", "auto"), kwargs.get("devices", "auto"))
+        kwargs = planned.lightning_settings(kwargs)
         if compile:
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), CompileBackbone()]
         super().__init__(*args, **kwargs)

@@ -22,7 +22,7 @@ from promptemb.training.settings import TrainSettings
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
-RECIPES = ("promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup")
+RECIPES = ("angle", "promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup")
 EXPERIMENTS_NAMING_THEIR_MODEL = ("quickstart_prompteol_sup",)
 #: Groups every option of which must compose with every recipe (experiment and hparams_search bring their own).
 TRAIN_GROUPS = ("backbone", "template", "optimizer", "scheduler", "data", "trainer", "callbacks", "logger", "paths",
@@ -166,7 +166,8 @@ def test_every_evaluate_option_composes_or_is_refused_in_one_line(group, option)
 
 def test_recipe_defaults_and_precedence():
     """Each recipe brings its template and learning rate; an experiment overrides them; the command line wins."""
-    unsup, sup, opti, eol = (compose_config("train", [f"model={name}"]) for name in RECIPES)
+    unsup, sup, opti, eol = (compose_config("train", [f"model={name}"])
+                             for name in ("promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup"))
     assert list(unsup.model.templates) == ['This sentence of "[X]" means [MASK] .',
                                            'This sentence : "[X]" means [MASK] .']
     assert list(sup.model.templates) == ['This sentence of "[X]" means [MASK] .']  # the reference's sup-bert

@@ -17,7 +17,7 @@ def test_evaluate_scores_decoder_methods_and_layers_in_one_table(mini_data, tmp_
     model = save_tiny_decoder(tmp_path / "tiny_llama", "llama", layers=2, hidden=32)
     out = tmp_path / "out"
     names = ["prompteol", "prompteol@1", "pcot", "metaeol", "echo", "token_prepending", "contrastive_prompting",
-             "mean"]
+             "mean", "last_token_plain"]
     proc = evaluate("backbone=decoder", f"backbone.name_or_path={model}", "backbone.device=cpu",
                     f"poolers=[{','.join(names)}]", "+pooler_args.token_prepending.layer=1",
                     "+pooler_args.token_prepending.exit=2", "+pooler_args.contrastive_prompting.layer=1",
@@ -41,6 +41,12 @@ def test_evaluate_scores_decoder_methods_and_layers_in_one_table(mini_data, tmp_
     assert prov["poolers"]["contrastive_prompting"]["coeff"] == 0.5
     assert prov["poolers"]["echo"]["echo_template"] == "<s>Document:{!%%text%%}\nDocument again:{%%text%%}{</s>}"
     assert "| prompteol@1 |" in proc.stdout and "| metaeol |" in proc.stdout
+    assert prov["poolers"]["last_token_plain"]["input"] == "plain"
+    # one record per input form, in the order encoded: its poolers, sentences, tokens and wall seconds
+    forms = prov["forward_forms"]
+    assert len(forms) == 6 + 8 and sum(len(form["poolers"]) for form in forms) == len(names) - 1 + 8
+    assert {"mean", "last_token_plain"} in [set(form["poolers"]) for form in forms]
+    assert all(form["sentences"] == prov["unique_sentences"] and form["seconds"] >= 0 for form in forms)
 
 
 def test_layer_sweep_runs_decoder_methods_from_one_forward_per_form(mini_data, tmp_path):

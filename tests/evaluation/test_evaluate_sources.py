@@ -16,8 +16,8 @@ from promptemb.evaluation.settings import EvaluateSettings
 from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.training.runner import train
 from tests.conftest import REPO
-from tests.evaluation.test_evaluate_cli import evaluate
-from tests.helpers import assert_one_line_error
+from tests.evaluation.test_evaluate_cli import ENCODE_TOL, evaluate
+from tests.helpers import assert_close_scaled, assert_one_line_error
 from tests.training.test_train import checked
 
 WIKI_SAMPLE = "training/partial/wiki1m_for_simcse.first11914lines.txt"
@@ -119,7 +119,7 @@ def test_encode_mode_on_an_export_uses_its_pooler(optiprompt_run, real_data_root
     embeddings = evaluate_in_process(export, real_data_root, tmp_path / "unused", "mode=encode", "pooler=mask",
                                      f"input={tmp_path / 'in.txt'}", f"output={tmp_path / 'out.npy'}")
     expected = load_encoder(export, device="cpu").encode(lines)
-    assert np.abs(embeddings - expected).max() <= 1e-6
+    assert_close_scaled(embeddings, expected, ENCODE_TOL)
     assert np.array_equal(np.load(tmp_path / "out.npy"), embeddings)
 
 

@@ -1,7 +1,8 @@
 """The training callback and evaluate.py score a checkpoint with the same bits: same encoder batching, same poolers,
 same embeddings, same Spearman (the slow tests in test_evaluate_sources.py check it on a trained OptiPrompt run; this
 one on a fresh checkpoint of the tiny BERT, fast). A row's float sums can depend on the shape of the batch it is
-encoded in, so two paths that batch differently disagree in the last bits, and sometimes in a Spearman rank."""
+encoded in, so two paths that batch differently disagree in the last bits, and sometimes in a Spearman rank. Both
+paths run in this process, so the same kernels sum in the same order: the comparison is exact on any CPU."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ import torch
 from promptemb.encoder.inputs import SENTENCE, TEMPLATE, collate
 from promptemb.lightning_modules.losses import info_nce
 from promptemb.lightning_modules.optiprompt import OptiPrompt
+from tests.helpers import assert_close_scaled
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 
@@ -61,4 +62,5 @@ def test_evaluation_encoder_uses_the_soft_template(tiny_bert):
         module.soft_template.vectors.add_(1.0)
         direct = module.pooled(["a cat sits"], module.builders[0], MaskPooler("mask"))
     via_encoder = module.evaluation_encoder().embed(["a cat sits"], [MaskPooler("mask")], Template(PROMPT))["mask"]
-    torch.testing.assert_close(torch.from_numpy(via_encoder), direct, atol=1e-5, rtol=1e-5)
+    # float32 forwards in two batch layouts: round-off of the embedding's largest entry
+    assert_close_scaled(via_encoder, direct, 1e-5)

@@ -120,18 +120,6 @@ def test_decoder_method_cost(real_data_root, tmp_path):
     assert rows["prompteol"] == "1.00"
 
 
-@pytest.mark.slow
-def test_gpu_validation_without_cuda_runs_the_suite(real_data_root, tmp_path):
-    """Without CUDA its GPU parts are refused in one line (tests/training/test_gpu_path.py); the suite part runs
-    anywhere."""
-    out = bench("gpu_validation.py", "--parts", "suite", "--suite-tasks", "STSBenchmark", "--out", tmp_path,
-                data_root=real_data_root)
-    assert "wrote" in out
-    report = json.loads((tmp_path / "gpu_validation.json").read_text())
-    assert report["parts"]["suite"]["exit_code"] == 0
-    figures = report["parts"]["suite"]["result"]
-    assert figures["split"]["device"] == "cpu" and "STSBenchmark" in figures["scores"]["sts"]["mean"]
-
 
 @pytest.mark.slow
 def test_train_throughput_rehearses_the_gpu_command_on_the_cpu(tiny_bert, real_data_root, tmp_path):
@@ -151,39 +139,6 @@ def test_train_throughput_rehearses_the_gpu_command_on_the_cpu(tiny_bert, real_d
     assert result["loop"]["model_flops_per_step"] == result["phases"]["model_flops_per_step"] > 0
 
 
-def test_gpu_validation_rehearses_a_recipe_on_the_cpu(real_data_root, tmp_path, monkeypatch):
-    """`--rehearse` runs a CUDA part through its real code path on the CPU: the recipe's `train.py ... trainer=gpu`
-    process with the CUDA device profile, a tiny model of its family, 2 steps, the step timer's record."""
-    from bench import gpu_validation
-
-    monkeypatch.setenv("PROMPTEMB_DATA", str(real_data_root))
-    monkeypatch.delenv("PROMPTEMB_REHEARSE_CUDA", raising=False)
-    monkeypatch.setattr(gpu_validation, "RECIPES", {"promptbert_unsup": "bert"})
-    arguments = ["--rehearse", "--parts", "recipes", "--recipes-limit", "1200", "--out", str(tmp_path)]
-    assert gpu_validation.main(arguments) == 0
-    report = json.loads((tmp_path / "gpu_validation.json").read_text())
-    assert report["rehearsal"] and report["device"] == "CPU (no CUDA), rehearsing the CUDA profile"
-    run = report["parts"]["recipes"]["runs"]["promptbert_unsup"]
-    assert run["exit_code"] == 0 and "experiment=promptbert_unsup trainer=gpu" in run["command"]
-    assert run["result"]["optimizer_steps"] == 2 and run["result"]["steps_per_s"] > 0
-    assert "| promptbert_unsup | 0 |" in (tmp_path / "gpu_validation.md").read_text()
-
-
-@pytest.mark.slow
-def test_gpu_validation_rehearses_every_gpu_command(real_data_root, tmp_path):
-    """Every recipe's GPU command, the throughput runs and the quickstart, rehearsed on the CPU (tiny models of each
-    family, 2 steps): each exits 0."""
-    bench("gpu_validation.py", "--rehearse", "--parts", "recipes,throughput,quickstart", "--out", tmp_path,
-          "--recipes-limit", "1500", "--throughput-limit", "600", "--quickstart-limit", "600",
-          data_root=real_data_root)
-    report = json.loads((tmp_path / "gpu_validation.json").read_text())
-    runs = report["parts"]["recipes"]["runs"]
-    assert set(runs) == {"promptbert_unsup", "promptbert_unsup_roberta", "promptbert_sup", "promptbert_sup_roberta",
-                         "optiprompt", "optiprompt_roberta", "prompteol_sup"}
-    for part in ("recipes", "throughput"):
-        for name, run in report["parts"][part]["runs"].items():
-            assert run["exit_code"] == 0, (name, run["tail"])
-    assert report["parts"]["quickstart"]["exit_code"] == 0
 
 
 @pytest.mark.slow

@@ -47,6 +47,7 @@ PLACEHOLDERS = [
     (r"output_dir=OUT\b", "output_dir=out"),
     (r"export_dir=exports/minilm-promptbert", "export_dir=exports/at-fit-end"),  # the block's export.py wrote that one
     (r"dims=\[384,128,64\]", "dims=[48,16,8]"),                      # Matryoshka widths of MiniLM -> of the tiny BERT
+    (r"\bmodel:(splade-tiny|all-mpnet-base-v2)\b", "{tiny}"),      # a fetched model (a download) -> the tiny BERT
 ]
 #: Doc lines that are a synopsis rather than a command -> the concrete command run for them.
 SYNOPSES = {
@@ -99,8 +100,8 @@ SCRIPT_SHORT = {
     "scripts/ditto_head_search.py": [(r"$", " --model {tiny}")],
     "scripts/export_roundtrip.py": [],
     "bench/evaluation_suite.py": [],                                 # its synopsis above is concrete already
-    # without CUDA it refuses the GPU parts in one line and runs the rest: the evaluation suite, here on one task
-    "bench/gpu_validation.py": [(r"$", " --parts suite --suite-tasks STSBenchmark")],
+    # without CUDA: its plan rehearsed on the CPU, here the matmul peak alone
+    "bench/gpu_validation.py": [(r"$", " --rehearse --parts matmul_peak")],
     "bench/encode_throughput.py": [],                                # its synopsis above is concrete already
     "bench/corpus_preparation.py": [(r"--lines [\d ]+", "--lines 3000 ")],
     "promptemb.research.template_search": [(r"--register (\S+)", r"--register \1 --configs-dir configs"),

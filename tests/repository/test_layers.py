@@ -79,3 +79,5 @@ def test_the_checker_sees_the_imports():
     graph = import_graph()
     assert "promptemb.encoder.pooling" in graph["promptemb.encoder.model"]
     assert "promptemb.common.instantiate" in graph["promptemb.training.runner"]
+    assert "promptemb.encoder.model_store" in graph["promptemb.encoder.loading"]
+    assert "promptemb.encoder.model_store" in graph["promptemb.encoder.models_command_line"]

@@ -132,7 +132,7 @@ def test_installed_package_is_self_contained(installed, tmp_path):
     assert module_file.startswith(site) and config_dir.startswith(site), "imported the checkout, not the install"
     assert (Path(config_dir) / "train.yaml").is_file() and (Path(config_dir) / "experiment").is_dir()
     assert version == "0.1.0"
-    for script in ("promptemb-train", "promptemb-evaluate", "promptemb-export", "promptemb-encode"):
+    for script in ("promptemb-train", "promptemb-evaluate", "promptemb-export", "promptemb-encode", "promptemb-models"):
         assert (installed / script).is_file()
 
 

@@ -76,3 +76,32 @@ def test_checkpoint_kill_loop_refuses_a_non_empty_folder(tmp_path):
                           env={**os.environ, "PROMPTEMB_DATA": str(tmp_path)})
     assert proc.returncode == 2 and proc.stderr.startswith("error: output folder"), proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def image_versions(tmp_path, **env):
+    """scripts/image_versions.sh (`make image-versions`) with IMAGE_* settings; only its checks that come before any
+    pip call are exercised here (the whole command takes 20-40 minutes: docs/benchmarks.md)."""
+    return subprocess.run(["bash", str(REPO / "scripts/image_versions.sh")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **env})
+
+
+def test_image_versions_stops_when_the_carried_wheels_are_not_prepare_shs(tmp_path):
+    (tmp_path / "prepare.sh").write_text("pip download hydra-core==1.3.8 typing_extensions==4.16.0\n")
+    proc = image_versions(tmp_path, IMAGE_PREPARE=str(tmp_path / "prepare.sh"), IMAGE_VENV=str(tmp_path / "venv"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("image-versions: FAIL .ci/image-carried.txt is not the wheel list of")
+    assert "> typing_extensions==4.16.0" in proc.stderr and "< typing_extensions==4.15.0" in proc.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_image_versions_never_deletes_a_folder_that_is_not_a_virtual_environment(tmp_path):
+    carried = [line for line in (REPO / ".ci/image-carried.txt").read_text().splitlines()
+               if line and not line.startswith("#")]
+    (tmp_path / "prepare.sh").write_text("pip download " + " ".join(carried) + "\n")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "keep.txt").write_text("results")
+    proc = image_versions(tmp_path, IMAGE_PREPARE=str(tmp_path / "prepare.sh"), IMAGE_VENV=str(tmp_path / "work"))
+    assert proc.returncode == 2
+    refusal = f"image-versions: FAIL {tmp_path / 'work'} exists and is not a virtual environment; not deleting it"
+    assert proc.stderr.strip() == refusal
+    assert (tmp_path / "work" / "keep.txt").read_text() == "results"

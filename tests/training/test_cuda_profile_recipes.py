@@ -16,13 +16,15 @@ import json
 import pytest
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.accelerators.cuda import CUDAAccelerator
 from pytorch_lightning.plugins.precision import MixedPrecision
 
-from promptemb.common.device_profile import REHEARSE_CUDA, matmul_precision, set_matmul_precision
+from promptemb.common.device_profile import REHEARSE_CUDA, matmul_precision, preserved_matmul_precision
 from promptemb.training import trainer as trainer_module
 from promptemb.training.command_line import experiment_names
 from promptemb.training.runner import train
 from tests.decoder_helpers import save_tiny_decoder
+from tests.training.test_cuda_surface import HOPPER, TF32_ON, cuda_device_queries, legacy_views
 from tests.training.test_train import WIKI_SAMPLE, checked, compose_train
 
 STEPS = 2
@@ -38,10 +40,17 @@ class CudaProfileProbe(pl.Callback):
         self.norms: list[float] = []
         self.seen: dict = {}
 
+    def setup(self, trainer, pl_module, stage):
+        """Lightning's CUDA accelerator set-up, at the point of the fit where a GPU run makes it (it reads the
+        matmul precision the profile set), with the device queries answered as an H200 does."""
+        with cuda_device_queries():
+            CUDAAccelerator().setup_device(HOPPER)
+        self.seen["precision_at_setup"] = legacy_views()
+
     def on_train_start(self, trainer, pl_module):
         optimizer = trainer.optimizers[0]
         loader = trainer.train_dataloader
-        self.seen = {"optimizer": type(optimizer), "fused": optimizer.defaults.get("fused"),
+        self.seen = {**self.seen, "optimizer": type(optimizer), "fused": optimizer.defaults.get("fused"),
                      "plugin": type(trainer.precision_plugin), "scaler": trainer.precision_plugin.scaler,
                      "precision": trainer.precision, "profile": trainer.device_profile,
                      "matmuls": matmul_precision(), "workers": loader.num_workers, "pin_memory": loader.pin_memory,
@@ -61,7 +70,8 @@ class CudaProfileProbe(pl.Callback):
 
 @pytest.fixture()
 def probe(monkeypatch):
-    """The CUDA profile rehearsed on the CPU, a probe callback in every Trainer train.py builds, TF32 flags restored."""
+    """The CUDA profile rehearsed on the CPU, a probe callback in every Trainer train.py builds, every precision
+    switch restored."""
     monkeypatch.setenv(REHEARSE_CUDA, "1")
     probe = CudaProfileProbe()
     build = trainer_module.Trainer.__init__
@@ -71,9 +81,8 @@ def probe(monkeypatch):
         build(self, *args, **{**kwargs, "callbacks": [*(kwargs.get("callbacks") or []), probe]})
 
     monkeypatch.setattr(trainer_module.Trainer, "__init__", with_probe)
-    saved = matmul_precision()
-    yield probe
-    set_matmul_precision(saved)
+    with preserved_matmul_precision():
+        yield probe
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +134,11 @@ def test_every_experiment_trains_with_the_cuda_profile(name, probe, tiny_bert, t
     assert seen["profile"].kind == "cuda" and seen["profile"].rehearsal
     assert seen["optimizer"] is torch.optim.AdamW and seen["fused"] is True
     assert seen["plugin"] is MixedPrecision and seen["scaler"] is None and seen["precision"] == "bf16-mixed"
-    assert seen["matmuls"] == "tf32"
+    assert seen["matmuls"] == "tf32" and seen["precision_at_setup"] == TF32_ON
+    # after a run that scored its dev set (TF32 off inside each scoring, back on after), every getter still answers
+    assert legacy_views() == TF32_ON
+    with cuda_device_queries():
+        CUDAAccelerator().setup_device(HOPPER)
     assert (seen["workers"], seen["pin_memory"], seen["persistent_workers"]) == (4, True, True)
     # clipped at the recipe's norm: every step the optimiser took saw a gradient norm within it
     clip = cfg.trainer.gradient_clip_val

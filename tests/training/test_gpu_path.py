@@ -4,7 +4,6 @@ final scoring on the training device, gradient caching under autocast, resuming 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import subprocess
@@ -17,9 +16,14 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from bench import gpu_validation
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
-from promptemb.common.device_profile import DeviceProfile, exact_matmuls, matmul_precision, set_matmul_precision
+from promptemb.common.device_profile import (
+    DeviceProfile,
+    exact_matmuls,
+    matmul_precision,
+    preserved_matmul_precision,
+    set_matmul_precision,
+)
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.lightning_modules import base
@@ -31,7 +35,7 @@ from promptemb.training import rng_state
 from promptemb.training.trainer import Trainer
 from tests.common.test_validation import run, train_overrides
 from tests.conftest import REPO
-from tests.helpers import assert_one_line_error
+from tests.helpers import assert_close_scaled, assert_one_line_error, assert_tensors_close
 from tests.lightning_modules.test_grad_cache import SENTENCES
 from tests.training.test_ddp import free_port
 from tests.training.test_train import WIKI_SAMPLE, checked, compose_train
@@ -263,7 +267,9 @@ def test_gradient_clipping_under_ddp_clips_what_the_reference_clipped(tiny_bert,
     optimizer = torch.optim.AdamW(params)
     module.configure_gradient_clipping(optimizer, 1.0, "norm")  # as Lightning calls it, after unscaling
     for parameter, clipped in zip(params, reference, strict=True):
-        torch.testing.assert_close(parameter.grad, 4 * clipped)
+        # one clipping factor from a float32 norm of every gradient (summed in the kernel's order) against the
+        # exact one: round-off of each tensor's largest entry
+        assert_close_scaled(parameter.grad, 4 * clipped, 1e-5)
 
 
 # -- GPU settings refused before any work, on a machine where they cannot run -----------------------------------
@@ -322,9 +328,8 @@ def test_two_rank_ddp_prepares_data_once_and_keeps_one_run_folder(tiny_bert, rea
 
 
 def test_tf32_is_on_for_cuda_training_only_and_off_while_scoring():
-    saved = matmul_precision()
-    set_matmul_precision("ieee")
-    try:
+    with preserved_matmul_precision():
+        set_matmul_precision("ieee")
         assert not Trainer(accelerator="cpu", logger=False, enable_checkpointing=False).tf32
         assert matmul_precision() == "ieee"
         assert DeviceProfile("cuda").apply_training_matmul_precision()  # what a CUDA trainer does
@@ -332,21 +337,16 @@ def test_tf32_is_on_for_cuda_training_only_and_off_while_scoring():
         with exact_matmuls():  # every scoring forward (Encoder.encode_form)
             assert matmul_precision() == "ieee"
         assert matmul_precision() == "tf32"
-    finally:
-        set_matmul_precision(saved)
 
 
 def test_scoring_forwards_run_with_tf32_off_after_training_turned_it_on(encoder, monkeypatch):
     seen = []
     forward = encoder.forward
     monkeypatch.setattr(encoder, "forward", lambda *a, **k: (seen.append(matmul_precision()), forward(*a, **k))[1])
-    saved = matmul_precision()
-    set_matmul_precision("tf32")
-    try:
+    with preserved_matmul_precision():
+        set_matmul_precision("tf32")
         encoder.embed(["a man plays", "a dog runs"], [MeanPooler()])
         assert seen and set(seen) == {"ieee"} and matmul_precision() == "tf32"
-    finally:
-        set_matmul_precision(saved)
 
 
 def test_adamw_implementation_is_chosen_by_the_device_profile():
@@ -389,6 +389,7 @@ def test_bf16_mixed_clipping_equals_fp32_clipping_of_the_same_gradients(tiny_ber
         optimizer = torch.optim.AdamW(params, fused=True)
         module.configure_gradient_clipping(optimizer, 1.0, "norm")
         clipped[precision] = torch.cat([p.grad.flatten() for p in params])
+    # the same float32 gradients clipped by the same call in this process: the same bits on any CPU
     torch.testing.assert_close(clipped["bf16-mixed"], clipped["32-true"], rtol=0, atol=0)
     assert torch.linalg.vector_norm(clipped["bf16-mixed"]) <= 1.0 + 1e-5
 
@@ -423,19 +424,22 @@ def test_compiled_backbone_trains_to_the_same_weights_on_cpu(tiny_bert):
         torch.manual_seed(0)
         module = PromptBERTUnsup(str(tiny_bert), optimizer=functools.partial(torch.optim.SGD, lr=1.0))
         names = sorted(name for name, _ in module.named_parameters())
+        start = {name: p.detach().clone() for name, p in module.named_parameters()}
         trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, compile=compile)
         torch.manual_seed(1)
         trainer.fit(module, DataLoader([batch], batch_size=None, collate_fn=lambda b: b))
         assert sorted(name for name, _ in module.named_parameters()) == names
-        return {name: p.detach().clone() for name, p in module.named_parameters()}, module
+        return {name: p.detach() - start[name] for name, p in module.named_parameters()}, module
 
     eager, _ = one_step(False)
     compiled, module = one_step(True)
     assert module.training_call is not None  # the training step's transformer call compiled,
     assert module.transformer._compiled_call_impl is None  # the module itself (evaluation's) left eager
-    for name, value in eager.items():
-        torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    # the steps (-lr x gradient of a float32 model, InfoNCE's 1/τ = 20 amplifying the fused kernels' round-off), each
+    # to 1e-3 of its largest entry or of the largest of all (a gradient summing many tokens' terms that cancel
+    # carries round-off of the others' scale): observed up to 7.4e-5 of the largest step (AVX-512, 2 threads)
+    assert_tensors_close(compiled, eager, 1e-3)
 
 
 def test_encoder_compile_where_it_cannot_work_is_one_line_before_loading(tiny_bert, tmp_path):
@@ -473,8 +477,7 @@ def test_compiled_encoder_embeds_what_the_eager_encoder_embeds(tiny_bert):
     assert compiled.transformer._compiled_call_impl is not None
     expected, got = eager.embed(sentences, poolers, template), compiled.embed(sentences, poolers, template)
     for name in expected:
-        torch.testing.assert_close(torch.from_numpy(got[name]), torch.from_numpy(expected[name]), rtol=1e-4,
-                                   atol=1e-5, msg=name)
+        assert_close_scaled(got[name], expected[name], 1e-5, msg=name)  # Inductor's fused sums: of the largest
 
 
 @pytest.mark.slow  # three processes importing torch and Lightning: ~40 s on an idle 2-core CPU
@@ -494,58 +497,12 @@ def test_two_nodes_of_one_process_equal_one_process_on_the_joined_batch(tiny_ber
     single = torch.load(f"{out}-single.0")
     for node in range(2):
         got = torch.load(f"{out}-nodes.{node}")
+        # float64 but for InfoNCE's fp32 logits, which every process computes from the same gathered batch with the
+        # same kernels on this machine: the same bits; the rest differs by float64 round-off, far inside these bounds
         torch.testing.assert_close(got["loss"], single["loss"], rtol=1e-10, atol=1e-12)
         assert got["grads"].keys() == single["grads"].keys() and single["grads"]
         for name, grad in single["grads"].items():
             torch.testing.assert_close(got["grads"][name], grad, rtol=1e-8, atol=1e-12, msg=name)
-
-
-# -- bench/gpu_validation.py on a machine without CUDA -----------------------------------------------------------
-
-
-def test_gpu_validation_refuses_the_cuda_parts_in_one_line_without_cuda(tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("checks the refusal on a machine without CUDA")
-    proc = subprocess.run([sys.executable, "bench/gpu_validation.py", "--parts", "recipes,pytest,throughput,quickstart",
-                           "--out", str(tmp_path / "report")], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "error: recipes, pytest, throughput, quickstart need a CUDA GPU and this machine has none "
-        "(torch.cuda.is_available() is False; --rehearse runs the others on the CPU); nothing else to run"]
-    assert not (tmp_path / "report").exists()  # refused before any work
-    proc = subprocess.run([sys.executable, "bench/gpu_validation.py", "--rehearse", "--parts", "pytest",
-                           "--out", str(tmp_path / "report")], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "error: pytest cannot be rehearsed on the CPU; nothing else to run"]
-    assert not (tmp_path / "report").exists()
-
-
-def test_gpu_validation_runs_the_rest_and_writes_one_report(tmp_path, monkeypatch, capsys):
-    """Without CUDA: the CUDA-only part is refused in one line, the suite part runs (its evaluate.py subprocess
-    stubbed here: the real one is the evaluation suite), one JSON and one markdown report."""
-    if torch.cuda.is_available():
-        pytest.skip("checks the refusal on a machine without CUDA")
-    calls = []
-    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks, limit: calls.append(tasks) or {
-        "command": "python evaluate.py ...", "exit_code": 0, "wall_s": 1.5, "tail": ["scores"]})
-    assert gpu_validation.main(["--parts", "quickstart,suite", "--suite-tasks", "STSBenchmark",
-                                "--out", str(tmp_path)]) == 0
-    assert capsys.readouterr().err.strip().splitlines() == [
-        "error: quickstart needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False; --rehearse "
-        "runs the others on the CPU); running the rest"]
-    report = json.loads((tmp_path / "gpu_validation.json").read_text())
-    assert calls == ["STSBenchmark"] and report["device"] == "CPU (no CUDA)"
-    assert report["parts"]["quickstart"] == {"refused": "needs a CUDA GPU; this machine has none"}
-    assert report["parts"]["suite"]["wall_s"] == 1.5
-    text = (tmp_path / "gpu_validation.md").read_text()
-    assert text.startswith("# GPU validation: CPU (no CUDA)") and "refused: needs a CUDA GPU" in text
-
-
-def test_gpu_validation_knows_the_dense_bf16_peaks():
-    assert gpu_validation.dense_bf16_peak("NVIDIA H100 80GB HBM3") == 989.0
-    assert gpu_validation.dense_bf16_peak("NVIDIA H100 PCIe") == 756.0
-    assert gpu_validation.dense_bf16_peak("NVIDIA H200") == 989.0
-    assert gpu_validation.dense_bf16_peak("Some GPU") is None
 
 
 def test_scoring_is_float32_by_default_on_every_device(monkeypatch):
@@ -624,12 +581,3 @@ def test_evaluation_under_bf16_autocast_pools_in_float32(tiny_bert):
             np.linalg.norm(got[name], axis=1) * np.linalg.norm(expected[name], axis=1))
         assert cosines.min() > 0.99, (name, cosines)
         assert not np.array_equal(got[name], expected[name])  # bf16 matmuls really ran
-
-
-def test_gpu_validation_exits_1_when_a_part_that_ran_failed(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(gpu_validation, "suite", lambda work, root, tasks, limit: {
-        "command": "python evaluate.py ...", "exit_code": 2, "wall_s": 1.5, "tail": ["error: ..."]})
-    assert gpu_validation.main(["--parts", "suite", "--suite-tasks", "STSBenchmark", "--out", str(tmp_path)]) == 1
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: suite did not run to completion (exit codes in the report)")
-    assert json.loads((tmp_path / "gpu_validation.json").read_text())["parts"]["suite"]["exit_code"] == 2

@@ -51,6 +51,8 @@ def run_state(out: Path) -> dict:
 
 
 def assert_same_run(resumed: dict, uninterrupted: dict) -> None:
+    """Exact on any CPU: both runs are train.py processes on this machine in this environment, so the same kernels
+    (instruction set, thread count) sum in the same order; only runs on different machines could differ in bits."""
     assert resumed["points"] == uninterrupted["points"]
     assert resumed["rows"] == uninterrupted["rows"]
     assert resumed["weights"].keys() == uninterrupted["weights"].keys()

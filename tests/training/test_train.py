@@ -60,8 +60,9 @@ def tiny_overrides(name, tiny_bert, root, out, nli_csv):
 
 
 def test_experiment_list():
-    assert experiment_names() == ["optiprompt", "optiprompt_roberta", "promptbert_sup", "promptbert_sup_roberta",
-                                  "promptbert_unsup", "promptbert_unsup_roberta", "prompteol_sup",
+    assert experiment_names() == ["angle_nli", "angle_stsb", "optiprompt", "optiprompt_roberta", "promptbert_sup",
+                                  "promptbert_sup_roberta", "promptbert_unsup", "promptbert_unsup_roberta",
+                                  "prompteol_sup", "quickstart_angle", "quickstart_angle_triplets",
                                   "quickstart_optiprompt", "quickstart_prompteol_sup", "quickstart_sup",
                                   "quickstart_unsup"]
 
