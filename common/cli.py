@@ -12,7 +12,7 @@ from collections.abc import Callable
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.hydra_bridge import compose, compose_run_dir
+from promptemb.common.hydra_bridge import compose, compose_run_dir, unknown_key
 from promptemb.common.overrides import first_of_sweeps
 from promptemb.common.validation import COMPOSITION, Settings, UnknownKeyError, check_writable_dir
 from promptemb.configs import CONFIG_DIR
@@ -139,12 +139,6 @@ def check_override_syntax(argv: list[str]) -> None:
                                   ) from None
 
 
-def compose_config(entry: str, overrides: list[str]) -> dict:
-    """The config of `entry` as Hydra composes it for these overrides (no run, no output directory): its keys and
-    values, interpolations unresolved."""
-    return compose(CONFIG_NAMES[entry], overrides, resolve=False)
-
-
 #: Common spellings of keys this config names differently (for the "did you mean" hint).
 KEY_ALIASES = {"learning_rate": "lr", "tau": "temperature", "temp": "temperature", "bs": "batch_size",
                "batch": "batch_size", "steps": "max_steps", "epochs": "max_epochs"}
@@ -156,16 +150,11 @@ def elsewhere(cfg: dict, leaf: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def value_of(key: str, overrides: list[str]) -> str:
-    return next((split_override(o)[2] for o in overrides if split_override(o)[1] == key.lstrip("+~")), "")
-
-
-def closest_key(leaf: str, value: str, siblings, names: list[str]) -> str | None:
+def closest_key(leaf: str, value: str, siblings: dict) -> str | None:
     """The closest name to `leaf`; among close ones, first one whose value has the override's shape (a list for
     `[...]`), so `poolerz=[mask]` suggests `poolers`, not `pooler`."""
-    close = difflib.get_close_matches(leaf, names, n=3, cutoff=0.75)
-    wants_list = value.startswith("[")
-    shaped = [name for name in close if isinstance(siblings[name], list) == wants_list]
+    close = difflib.get_close_matches(leaf, [str(name) for name in siblings], n=3, cutoff=0.75)
+    shaped = [name for name in close if isinstance(siblings[name], list) == value.startswith("[")]
     return next(iter(shaped or close), None)
 
 
@@ -174,36 +163,27 @@ def closest_key(leaf: str, value: str, siblings, names: list[str]) -> str | None
 ARGUMENT_MAPS = ("pooler_args", "post_args", "transfer_args", "clustering_args")
 
 
-def unknown_key_message(key: str, overrides: list[str], where: str = "", entry: str = "train") -> str:
-    """One line naming an override key that `entry`'s config does not have, with the closest existing key; under an
-    open argument map (`pooler_args.first_last.layers=[0,-1]`), the `+` spelling that adds it."""
-    parts = key.lstrip("+~").split(".")
+def unknown_key_message(key: str, value: str, cfg: dict, where: str = "", entry: str = "train") -> str:
+    """One line naming an override key that `entry`'s composed config `cfg` does not have, with the closest existing
+    key; under an open argument map (`pooler_args.first_last.layers=[0,-1]`), the `+` spelling that adds it."""
+    parts = key.split(".")
     argument_map = next((part for part in parts[:-1] if part in ARGUMENT_MAPS), None)
     if argument_map:
         return (f"{where}{key!r} is a new key (the config's {argument_map} is empty): Hydra adds it with '+': write "
-                f"+{key}={value_of(key, overrides)}")
-    base = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
-    hint = ""
-    try:
-        cfg = compose_config(entry, base)
-        parent, _, leaf = key.lstrip("+~").rpartition(".")
-        siblings = cfg
-        for part in parent.split(".") if parent else ():
-            siblings = siblings.get(part) if isinstance(siblings, dict) else None
-        names = [str(k) for k in siblings] if isinstance(siblings, dict) else []
-        guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in names else None
-        guess = guess or closest_key(leaf, value_of(key, overrides), siblings, names)
-        guess = '.'.join(filter(None, (parent, guess))) if guess else elsewhere(cfg, KEY_ALIASES.get(leaf, leaf))
-        hint = f"did you mean {guess!r}? " if guess else ""
-    except Exception:  # the other overrides do not compose either: no suggestion
-        pass
+                f"+{key}={value}")
+    siblings = cfg
+    for part in parts[:-1]:
+        siblings = siblings.get(part) if isinstance(siblings, dict) else None
+    siblings, leaf = siblings if isinstance(siblings, dict) else {}, parts[-1]
+    guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in siblings else closest_key(leaf, value, siblings)
+    guess = ".".join([*parts[:-1], guess]) if guess else elsewhere(cfg, KEY_ALIASES.get(leaf, leaf))
+    hint = f"did you mean {guess!r}? " if guess else ""
     return (f"{where}{key!r} is not a key of {ENTRY_NAMES[entry]}'s config; {hint}"
             f"prefix it with '+' (+{key}=...) only if it is really a new key")
 
 
-def unknown_option_message(group: str, name: str, entry: str) -> str:
+def unknown_option_message(group: str, name: str, entry: str, options: list[str]) -> str:
     """One line naming a config-group option that does not exist, with the closest existing one."""
-    options = group_options(group)
     guess = next(iter(difflib.get_close_matches(name, options, n=1, cutoff=0.6)), None)
     hint = f"did you mean {group}={guess}? " if guess else ""
     return (f"{ENTRY_NAMES[entry]}: there is no {group} {name!r} (configs/{group}/{name}.yaml); {hint}"
@@ -212,8 +192,8 @@ def unknown_option_message(group: str, name: str, entry: str) -> str:
 
 def check_override_keys(entry: str, argv: list[str]) -> None:
     """Fail with one line naming an override key the composed config does not have, or a group option that does not
-    exist (Hydra's own error is a multi-line block); under -m with each sweep's first value. Other Hydra flags
-    (--cfg, ...) and hydra.* overrides are left to Hydra."""
+    exist (Hydra's own error is a multi-line block; its exception names the key or the option and its group); under
+    -m with each sweep's first value. Other Hydra flags (--cfg, ...) and hydra.* overrides are left to Hydra."""
     flags = [arg for arg in argv if arg.startswith("-")]
     if any(flag not in MULTIRUN_FLAGS for flag in flags):
         return
@@ -224,15 +204,17 @@ def check_override_keys(entry: str, argv: list[str]) -> None:
         except Exception:  # a syntax error: Hydra reports it
             return
     try:
-        compose_config(entry, overrides)
-    except MissingConfigException as err:
-        match = re.search(r"Could not find '([^']+)/([^'/]+)'", str(err))
-        if match and (CONFIG_DIR / match.group(1)).is_dir():
-            raise ConfigError(unknown_option_message(match.group(1), match.group(2), entry)) from None
+        compose(CONFIG_NAMES[entry], overrides, resolve=False)
+    except MissingConfigException as err:  # Hydra names the missing option and lists its group's options
+        group, _, name = (err.missing_cfg_file or "").rpartition("/")
+        if group and err.options:
+            raise ConfigError(unknown_option_message(group, name, entry, err.options)) from None
     except ConfigCompositionException as err:
-        match = re.search(r"Could not override '([^']+)'", str(err))
-        if match:
-            raise ConfigError(unknown_key_message(match.group(1), overrides, entry=entry)) from None
+        if (missing := unknown_key(err)) is not None:  # the error behind Hydra's names the key and its node
+            found, cfg = missing  # the first part missing: the override that reaches it is the key meant
+            key, value = next(((key, value) for _, key, value in overrides_of(overrides)
+                               if key == found or key.startswith(f"{found}.")), (found, ""))
+            raise ConfigError(unknown_key_message(key, value, cfg, entry=entry)) from None
     except Exception:  # anything else: Hydra reports it when the entry point composes for real
         pass
 

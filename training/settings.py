@@ -91,6 +91,16 @@ class TrainSettings(Settings):
     logger: dict | None = None
     resolved: dict  # every value, recorded with the results and logged as the W&B run config
 
+    @property
+    def recipe(self) -> str | None:
+        """The LightningModule's class path (`model._target_`)."""
+        return self.model.get("_target_")
+
+    @property
+    def backbone_name(self) -> str:
+        """The model training starts from (`model.model_name_or_path`, which the backbone group sets)."""
+        return str(self.model["model_name_or_path"])
+
     @model_validator(mode="before")
     @classmethod
     def record(cls, values: dict) -> dict:
@@ -138,18 +148,3 @@ def check_training_data(data: dict, root: Path) -> None:
     """The datamodule's own check of its corpus files, without building it (`check_files`)."""
     if hasattr(target := target_of(data), "check_files"):
         target.check_files({"data_root": str(root), **data})
-
-
-#: Settings train.py's command line checked before Hydra composes the same config again (a resume, or a run into an
-#: existing folder: the preflight comes before Hydra writes there); the first task composed with the same values takes
-#: them instead of checking again.
-CHECKED_BEFORE_HYDRA: list[TrainSettings] = []
-
-
-def train_settings(values: dict) -> TrainSettings:
-    """The one check of a composed config: `TrainSettings`, or those the command line built from the same values."""
-    for settings in CHECKED_BEFORE_HYDRA:
-        if settings.resolved == values:
-            CHECKED_BEFORE_HYDRA.remove(settings)
-            return settings
-    return TrainSettings.model_validate(values)

@@ -8,7 +8,7 @@ from transformers import AutoModel, BertForMaskedLM
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.loading import resolve_model_path
-from promptemb.encoder.model import Encoder
+from promptemb.encoder.model import Encoder, InferenceOptions
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler
 from tests.helpers import MINILM, assert_close_scaled
@@ -207,7 +207,7 @@ def test_onednn_linears_embed_what_plain_linears_embed(tiny_bert):
             assert_close_scaled(got[name], expected[name], FORWARD_TOL, msg=name)
     in_memory = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), plain.tokenizer, name="trained",
                                    batch_size=3)
-    in_memory.use_inference_options(parallel_batches=2, onednn_linears=True)
+    in_memory.use_inference_options(InferenceOptions(parallel_batches=2, onednn_linears=True))
     assert (in_memory.onednn_linears, in_memory.parallel_batches) == (linears, 2)
     assert_close_scaled(in_memory.embed(sentences, poolers[:1])["mean"], expected["mean"], FORWARD_TOL)
 
@@ -222,25 +222,25 @@ def test_inference_options_on_a_model_opened_from_memory(tiny_bert, tmp_path, mo
     encoder = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), tokenizer, name="trained")
     compiled = []
     monkeypatch.setattr(encoder.transformer, "compile", lambda **kwargs: compiled.append(kwargs))
-    encoder.use_inference_options(autocast="bf16", compile=True)
-    encoder.use_inference_options(autocast="bf16", compile=True)
+    encoder.use_inference_options(InferenceOptions(autocast="bf16", compile=True))
+    encoder.use_inference_options(InferenceOptions(autocast="bf16", compile=True))
     assert encoder.autocast == torch.bfloat16 and compiled == [{"dynamic": True, "options": {"freezing": True}}]
     assert encoder.describe()["compiled"] and encoder.describe()["autocast"] == "bf16"
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true runs batches one at a time"):
-        encoder.use_inference_options(compile=True, parallel_batches=2)
+        encoder.use_inference_options(InferenceOptions(compile=True, parallel_batches=2))
     path = save_tiny_decoder(tmp_path / "llama", "llama")
     decoder = Encoder(str(path), device="cpu", progress=False)
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true is for encoder models"):
-        decoder.use_inference_options(compile=True)
+        decoder.use_inference_options(InferenceOptions(compile=True))
     with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches>1 is for encoder models; .*: drop it$"):
-        decoder.use_inference_options(parallel_batches=2)  # decoders encode one batch at a time
+        decoder.use_inference_options(InferenceOptions(parallel_batches=2))  # decoders encode one batch at a time
     encoder = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), tokenizer, name="trained")
     encoder.device = torch.device("cuda")  # the check reads the device only: a GPU run emulated
     for options, key in (({"parallel_batches": 2}, "parallel_batches=2"), ({"onednn_linears": True},
                                                                           "onednn_linears=true")):
         with pytest.raises(ConfigError, match=rf"^backbone\.{key} speeds up encoding on the CPU; this encoder runs "
                                               r"on cuda: drop it$"):
-            encoder.use_inference_options(**options)
+            encoder.use_inference_options(InferenceOptions(**options))
 
 
 def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
@@ -257,7 +257,7 @@ def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
         Encoder(str(tiny_bert), device="cpu", autocast="bf16", onednn_linears=True)
     packed = Encoder(str(tiny_bert), device="cpu", onednn_linears=True)
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true packs the linears itself"):
-        packed.use_inference_options(compile=True)  # a later call keeps what an earlier one applied
+        packed.use_inference_options(InferenceOptions(compile=True))  # a later call keeps what an earlier one applied
     with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true is for encoder models"):
         Encoder(str(save_tiny_decoder(tmp_path / "llama", "llama")), device="cpu", onednn_linears=True)
 
