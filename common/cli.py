@@ -12,7 +12,7 @@ from collections.abc import Callable
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.hydra_bridge import compose, compose_run_dir, unknown_key
+from promptemb.common.hydra_bridge import compose_config, compose_run_dir, plain, unknown_key
 from promptemb.common.overrides import first_of_sweeps
 from promptemb.common.validation import COMPOSITION, Settings, UnknownKeyError, check_writable_dir
 from promptemb.configs import CONFIG_DIR
@@ -190,33 +190,41 @@ def unknown_option_message(group: str, name: str, entry: str, options: list[str]
             f"valid {group}: {', '.join(options)}")
 
 
-def check_override_keys(entry: str, argv: list[str]) -> None:
+def check_override_keys(entry: str, argv: list[str], settings: type[Settings] | None = None) -> None:
     """Fail with one line naming an override key the composed config does not have, or a group option that does not
     exist (Hydra's own error is a multi-line block; its exception names the key or the option and its group); under
-    -m with each sweep's first value. Other Hydra flags (--cfg, ...) and hydra.* overrides are left to Hydra."""
+    -m with each sweep's first value, and there also a key Hydra accepts (`+key=...`) that no job's `settings` has:
+    refused once, before Hydra writes the sweep's folder, rather than recorded as a failure of every job (any other
+    refusal is the job's own: another value of a sweep may be valid). Other Hydra flags (--cfg, ...) and hydra.*
+    overrides are left to Hydra."""
     flags = [arg for arg in argv if arg.startswith("-")]
     if any(flag not in MULTIRUN_FLAGS for flag in flags):
         return
     overrides = [arg for arg in argv if not arg.startswith(("-", "hydra.", "hydra/"))]
-    if flags:
-        try:
-            overrides = first_of_sweeps(overrides)
-        except Exception:  # a syntax error: Hydra reports it
-            return
     try:
-        compose(CONFIG_NAMES[entry], overrides, resolve=False)
+        overrides = first_of_sweeps(overrides) if flags else overrides
+        composed = compose_config(CONFIG_NAMES[entry], overrides)
     except MissingConfigException as err:  # Hydra names the missing option and lists its group's options
         group, _, name = (err.missing_cfg_file or "").rpartition("/")
         if group and err.options:
             raise ConfigError(unknown_option_message(group, name, entry, err.options)) from None
+        return
     except ConfigCompositionException as err:
         if (missing := unknown_key(err)) is not None:  # the error behind Hydra's names the key and its node
             found, cfg = missing  # the first part missing: the override that reaches it is the key meant
             key, value = next(((key, value) for _, key, value in overrides_of(overrides)
                                if key == found or key.startswith(f"{found}.")), (found, ""))
             raise ConfigError(unknown_key_message(key, value, cfg, entry=entry)) from None
-    except Exception:  # anything else: Hydra reports it when the entry point composes for real
-        pass
+        return
+    except Exception:  # a syntax error, or anything else: Hydra reports it when the entry point composes for real
+        return
+    if flags and settings is not None:
+        try:
+            settings.model_validate(plain(composed), context=COMPOSITION)
+        except UnknownKeyError:
+            raise
+        except Exception:  # a value a job refuses, or one that resolves only in the job: the jobs report it
+            pass
 
 
 def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
@@ -231,23 +239,6 @@ def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
     check_writable_dir("output_dir", run_dir)
 
 
-def check_sweep_keys(entry: str, argv: list[str], settings: type[Settings]) -> None:
-    """Under -m, a key no job's config has (a `+key=...` Hydra accepts): refused once, before Hydra writes the sweep's
-    folder, rather than recorded as a failure of every job. The first job's composition is checked; any other
-    refusal is the job's own (another value of a sweep may be valid)."""
-    flags = [arg for arg in argv if arg.startswith("-")]
-    if not flags or any(flag not in MULTIRUN_FLAGS for flag in flags):
-        return
-    try:
-        overrides = [arg for arg in argv if not arg.startswith(("-", "hydra.", "hydra/"))]
-        values = compose(CONFIG_NAMES[entry], first_of_sweeps(overrides))
-        settings.model_validate(values, context=COMPOSITION)
-    except UnknownKeyError:
-        raise
-    except Exception:  # a value a job refuses, or overrides that do not compose: the jobs and Hydra report them
-        pass
-
-
 def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[list[str]], None],
                        settings: type[Settings] | None = None) -> None:
     """Every check before Hydra composes the config of `entry` (train | evaluate | encode | export), with the entry
@@ -257,7 +248,5 @@ def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[lis
     check_override_syntax(argv)
     for check in entry_checks:
         check(argv)
-    check_override_keys(entry, argv)
-    if settings is not None:
-        check_sweep_keys(entry, argv, settings)
+    check_override_keys(entry, argv, settings)
     check_run_dir_before_hydra(CONFIG_NAMES[entry], argv)
