@@ -60,7 +60,8 @@ def unknown_key(err: Exception) -> tuple[str, dict] | None:
     missing = err.__cause__
     if not isinstance(missing, ConfigAttributeError | ConfigKeyError) or missing.parent_node is None:
         return None
-    values = OmegaConf.to_container(missing.parent_node._get_root(), resolve=False)  # the whole config, not the node
+    # the whole config, not the node: OmegaConf has no public accessor of a node's root (2.x keeps `_get_root`)
+    values = OmegaConf.to_container(missing.parent_node._get_root(), resolve=False)
     values.pop("hydra", None)
     return missing.full_key, values
 
