@@ -63,11 +63,10 @@ def check_overrides(overrides: list[str]) -> None:
     from promptemb.common.errors import UserError
     from promptemb.common.hydra_bridge import compose
     from promptemb.common.validation import COMPOSITION
-    from promptemb.evaluation.command_line import check_mode_keys
     from promptemb.evaluation.settings import EvaluateSettings
 
     try:
-        check_command_line("evaluate", overrides, check_mode_keys("score"))
+        check_command_line("evaluate", overrides)
         EvaluateSettings.model_validate(compose("eval", overrides), context=COMPOSITION)
     except UserError as err:
         sys.exit(f"error: {err}")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.hydra_bridge import compose, compose_run_dir
+from promptemb.common.hydra_bridge import compose_config, compose_run_dir, plain, unknown_key
 from promptemb.common.overrides import first_of_sweeps
 from promptemb.common.validation import COMPOSITION, Settings, UnknownKeyError, check_writable_dir
 from promptemb.configs import CONFIG_DIR
@@ -139,12 +139,6 @@ def check_override_syntax(argv: list[str]) -> None:
                                   ) from None
 
 
-def compose_config(entry: str, overrides: list[str]) -> dict:
-    """The config of `entry` as Hydra composes it for these overrides (no run, no output directory): its keys and
-    values, interpolations unresolved."""
-    return compose(CONFIG_NAMES[entry], overrides, resolve=False)
-
-
 #: Common spellings of keys this config names differently (for the "did you mean" hint).
 KEY_ALIASES = {"learning_rate": "lr", "tau": "temperature", "temp": "temperature", "bs": "batch_size",
                "batch": "batch_size", "steps": "max_steps", "epochs": "max_epochs"}
@@ -156,16 +150,11 @@ def elsewhere(cfg: dict, leaf: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def value_of(key: str, overrides: list[str]) -> str:
-    return next((split_override(o)[2] for o in overrides if split_override(o)[1] == key.lstrip("+~")), "")
-
-
-def closest_key(leaf: str, value: str, siblings, names: list[str]) -> str | None:
+def closest_key(leaf: str, value: str, siblings: dict) -> str | None:
     """The closest name to `leaf`; among close ones, first one whose value has the override's shape (a list for
     `[...]`), so `poolerz=[mask]` suggests `poolers`, not `pooler`."""
-    close = difflib.get_close_matches(leaf, names, n=3, cutoff=0.75)
-    wants_list = value.startswith("[")
-    shaped = [name for name in close if isinstance(siblings[name], list) == wants_list]
+    close = difflib.get_close_matches(leaf, [str(name) for name in siblings], n=3, cutoff=0.75)
+    shaped = [name for name in close if isinstance(siblings[name], list) == value.startswith("[")]
     return next(iter(shaped or close), None)
 
 
@@ -174,67 +163,68 @@ def closest_key(leaf: str, value: str, siblings, names: list[str]) -> str | None
 ARGUMENT_MAPS = ("pooler_args", "post_args", "transfer_args", "clustering_args")
 
 
-def unknown_key_message(key: str, overrides: list[str], where: str = "", entry: str = "train") -> str:
-    """One line naming an override key that `entry`'s config does not have, with the closest existing key; under an
-    open argument map (`pooler_args.first_last.layers=[0,-1]`), the `+` spelling that adds it."""
-    parts = key.lstrip("+~").split(".")
+def unknown_key_message(key: str, value: str, cfg: dict, where: str = "", entry: str = "train") -> str:
+    """One line naming an override key that `entry`'s composed config `cfg` does not have, with the closest existing
+    key; under an open argument map (`pooler_args.first_last.layers=[0,-1]`), the `+` spelling that adds it."""
+    parts = key.split(".")
     argument_map = next((part for part in parts[:-1] if part in ARGUMENT_MAPS), None)
     if argument_map:
         return (f"{where}{key!r} is a new key (the config's {argument_map} is empty): Hydra adds it with '+': write "
-                f"+{key}={value_of(key, overrides)}")
-    base = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
-    hint = ""
-    try:
-        cfg = compose_config(entry, base)
-        parent, _, leaf = key.lstrip("+~").rpartition(".")
-        siblings = cfg
-        for part in parent.split(".") if parent else ():
-            siblings = siblings.get(part) if isinstance(siblings, dict) else None
-        names = [str(k) for k in siblings] if isinstance(siblings, dict) else []
-        guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in names else None
-        guess = guess or closest_key(leaf, value_of(key, overrides), siblings, names)
-        guess = '.'.join(filter(None, (parent, guess))) if guess else elsewhere(cfg, KEY_ALIASES.get(leaf, leaf))
-        hint = f"did you mean {guess!r}? " if guess else ""
-    except Exception:  # the other overrides do not compose either: no suggestion
-        pass
+                f"+{key}={value}")
+    siblings = cfg
+    for part in parts[:-1]:
+        siblings = siblings.get(part) if isinstance(siblings, dict) else None
+    siblings, leaf = siblings if isinstance(siblings, dict) else {}, parts[-1]
+    guess = KEY_ALIASES.get(leaf) if KEY_ALIASES.get(leaf) in siblings else closest_key(leaf, value, siblings)
+    guess = ".".join([*parts[:-1], guess]) if guess else elsewhere(cfg, KEY_ALIASES.get(leaf, leaf))
+    hint = f"did you mean {guess!r}? " if guess else ""
     return (f"{where}{key!r} is not a key of {ENTRY_NAMES[entry]}'s config; {hint}"
             f"prefix it with '+' (+{key}=...) only if it is really a new key")
 
 
-def unknown_option_message(group: str, name: str, entry: str) -> str:
+def unknown_option_message(group: str, name: str, entry: str, options: list[str]) -> str:
     """One line naming a config-group option that does not exist, with the closest existing one."""
-    options = group_options(group)
     guess = next(iter(difflib.get_close_matches(name, options, n=1, cutoff=0.6)), None)
     hint = f"did you mean {group}={guess}? " if guess else ""
     return (f"{ENTRY_NAMES[entry]}: there is no {group} {name!r} (configs/{group}/{name}.yaml); {hint}"
             f"valid {group}: {', '.join(options)}")
 
 
-def check_override_keys(entry: str, argv: list[str]) -> None:
+def check_override_keys(entry: str, argv: list[str], settings: type[Settings] | None = None) -> None:
     """Fail with one line naming an override key the composed config does not have, or a group option that does not
-    exist (Hydra's own error is a multi-line block); under -m with each sweep's first value. Other Hydra flags
-    (--cfg, ...) and hydra.* overrides are left to Hydra."""
+    exist (Hydra's own error is a multi-line block; its exception names the key or the option and its group); under
+    -m with each sweep's first value, and there also a key Hydra accepts (`+key=...`) that no job's `settings` has:
+    refused once, before Hydra writes the sweep's folder, rather than recorded as a failure of every job (any other
+    refusal is the job's own: another value of a sweep may be valid). Other Hydra flags (--cfg, ...) and hydra.*
+    overrides are left to Hydra."""
     flags = [arg for arg in argv if arg.startswith("-")]
     if any(flag not in MULTIRUN_FLAGS for flag in flags):
         return
     overrides = [arg for arg in argv if not arg.startswith(("-", "hydra.", "hydra/"))]
-    if flags:
-        try:
-            overrides = first_of_sweeps(overrides)
-        except Exception:  # a syntax error: Hydra reports it
-            return
     try:
-        compose_config(entry, overrides)
-    except MissingConfigException as err:
-        match = re.search(r"Could not find '([^']+)/([^'/]+)'", str(err))
-        if match and (CONFIG_DIR / match.group(1)).is_dir():
-            raise ConfigError(unknown_option_message(match.group(1), match.group(2), entry)) from None
+        overrides = first_of_sweeps(overrides) if flags else overrides
+        composed = compose_config(CONFIG_NAMES[entry], overrides)
+    except MissingConfigException as err:  # Hydra names the missing option and lists its group's options
+        group, _, name = (err.missing_cfg_file or "").rpartition("/")
+        if group and err.options:
+            raise ConfigError(unknown_option_message(group, name, entry, err.options)) from None
+        return
     except ConfigCompositionException as err:
-        match = re.search(r"Could not override '([^']+)'", str(err))
-        if match:
-            raise ConfigError(unknown_key_message(match.group(1), overrides, entry=entry)) from None
-    except Exception:  # anything else: Hydra reports it when the entry point composes for real
-        pass
+        if (missing := unknown_key(err)) is not None:  # the error behind Hydra's names the key and its node
+            found, cfg = missing  # the first part missing: the override that reaches it is the key meant
+            key, value = next(((key, value) for _, key, value in overrides_of(overrides)
+                               if key == found or key.startswith(f"{found}.")), (found, ""))
+            raise ConfigError(unknown_key_message(key, value, cfg, entry=entry)) from None
+        return
+    except Exception:  # a syntax error, or anything else: Hydra reports it when the entry point composes for real
+        return
+    if flags and settings is not None:
+        try:
+            settings.model_validate(plain(composed), context=COMPOSITION)
+        except UnknownKeyError:
+            raise
+        except Exception:  # a value a job refuses, or one that resolves only in the job: the jobs report it
+            pass
 
 
 def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
@@ -249,23 +239,6 @@ def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:
     check_writable_dir("output_dir", run_dir)
 
 
-def check_sweep_keys(entry: str, argv: list[str], settings: type[Settings]) -> None:
-    """Under -m, a key no job's config has (a `+key=...` Hydra accepts): refused once, before Hydra writes the sweep's
-    folder, rather than recorded as a failure of every job. The first job's composition is checked; any other
-    refusal is the job's own (another value of a sweep may be valid)."""
-    flags = [arg for arg in argv if arg.startswith("-")]
-    if not flags or any(flag not in MULTIRUN_FLAGS for flag in flags):
-        return
-    try:
-        overrides = [arg for arg in argv if not arg.startswith(("-", "hydra.", "hydra/"))]
-        values = compose(CONFIG_NAMES[entry], first_of_sweeps(overrides))
-        settings.model_validate(values, context=COMPOSITION)
-    except UnknownKeyError:
-        raise
-    except Exception:  # a value a job refuses, or overrides that do not compose: the jobs and Hydra report them
-        pass
-
-
 def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[list[str]], None],
                        settings: type[Settings] | None = None) -> None:
     """Every check before Hydra composes the config of `entry` (train | evaluate | encode | export), with the entry
@@ -275,7 +248,5 @@ def check_command_line(entry: str, argv: list[str], *entry_checks: Callable[[lis
     check_override_syntax(argv)
     for check in entry_checks:
         check(argv)
-    check_override_keys(entry, argv)
-    if settings is not None:
-        check_sweep_keys(entry, argv, settings)
+    check_override_keys(entry, argv, settings)
     check_run_dir_before_hydra(CONFIG_NAMES[entry], argv)

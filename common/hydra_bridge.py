@@ -16,6 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunContext
@@ -50,6 +51,19 @@ def resolved_values(config: dict, *keys: str) -> list:
     """The resolved values of some keys of a composed config, the others left unresolved."""
     composed = OmegaConf.create(config)
     return [OmegaConf.select(composed, key) for key in keys]
+
+
+def unknown_key(err: Exception) -> tuple[str, dict] | None:
+    """(the key, the values of the config as composed so far: unresolved, without Hydra's node) when Hydra could not
+    override a key its config does not have, as OmegaConf names them in the error behind Hydra's; None for any other
+    composition error."""
+    missing = err.__cause__
+    if not isinstance(missing, ConfigAttributeError | ConfigKeyError) or missing.parent_node is None:
+        return None
+    # the whole config, not the node: OmegaConf has no public accessor of a node's root (2.x keeps `_get_root`)
+    values = OmegaConf.to_container(missing.parent_node._get_root(), resolve=False)
+    values.pop("hydra", None)
+    return missing.full_key, values
 
 
 def compose_run_dir(config_name: str, overrides: list[str]) -> str:

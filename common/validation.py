@@ -1,11 +1,13 @@
-"""The generic checker of composed configs. Each command's settings validator calls it (training/settings.py,
-evaluation/settings.py, exporting/settings.py, encoder/settings.py); the owners declare what is valid in their own
-type hints: every `_target_` node is checked against its constructor's or function's hints (following `**kwargs` up
-the class hierarchy; a factory's flat keys against its settings dataclasses), other keys against their settings
-model's fields. pydantic checks each value in strict mode, bounds (`Annotated[int, Ge(1)]`, common/bounds.py) and
-choices (`Literal[...]`) included; a class we do not own gets its hints from the module that configures it
-(`declare_hints`). Then what only the machine and the file system can refute: devices, readable inputs, writable
-outputs. Every failure is one `ConfigError` line naming the key, the value and what is valid."""
+"""The generic checker of composed configs: pydantic does the work, this module frames its answer in one line.
+
+Each command's settings and each config group are `Settings` models (pydantic, strict, `extra="forbid"`). Every
+`_target_` node is validated against a schema built from its constructor's or function's type hints (following
+`**kwargs` up the class hierarchy; a factory's flat keys against its settings dataclasses; a class we do not own gets
+its hints from the module that configures it, `declare_hints`): bounds (`Annotated[int, Ge(1)]`, common/bounds.py),
+choices (`Literal[...]`) and finite numbers included, and a parameter it does not take refused. A refusal is one
+`ConfigError` line in the project's frame, `key=value: pydantic's message`, or for a key nobody takes the closest
+valid one ("did you mean"). Then what only the machine and the file system can refute: devices, readable inputs,
+writable outputs."""
 from __future__ import annotations
 
 import contextlib
@@ -13,6 +15,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import math
 import tempfile
 import types
 import typing
@@ -20,37 +23,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from annotated_types import Interval, Predicate
 from hydra.utils import get_object
-from pydantic import BaseModel, ConfigDict, FiniteFloat, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import PydanticKnownError
+from typing_extensions import NotRequired, TypedDict
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.instantiate import KEYWORD_SETTINGS
-
-# -- bounds and choices: written in the owners' type hints -------------------------------------------------------
-
-
-class Range(Interval):
-    """Bounds of a parameter (annotated-types' `Interval`: gt, ge, le), enforced by pydantic on a finite number."""
-
-    __slots__ = ()
-
-    def describe(self) -> str:
-        bounds = (("> ", self.gt), (">= ", self.ge), ("< ", self.lt), ("<= ", self.le))
-        return " and ".join(f"{sign}{bound}" for sign, bound in bounds if bound is not None)
-
-
-def bounds_of(hint) -> Range:
-    """The annotated-types bounds in a hint (`Annotated[int, Ge(1)]`, also as an arm of a union); none: Range()."""
-    found = {}
-    for arm in typing.get_args(hint) if _is_union(hint) else (hint,):
-        if typing.get_origin(arm) is Annotated:
-            for constraint in arm.__metadata__:
-                for bound in constraint if isinstance(constraint, Interval) else (constraint,):
-                    found.update({side: getattr(bound, side) for side in ("gt", "ge", "lt", "le")
-                                  if getattr(bound, side, None) is not None})
-    return Range(**found)
-
 
 #: Hints for parameters of classes we do not own (Lightning's Trainer, torch's AdamW), declared by the module that
 #: configures them; they replace the class's own hints for those parameters.
@@ -59,103 +38,6 @@ DECLARED_HINTS: dict[Any, dict[str, Any]] = {}
 
 def declare_hints(owner, **hints) -> None:
     DECLARED_HINTS.setdefault(owner, {}).update(hints)
-
-
-def settings_hints(settings: type[BaseModel]) -> dict[str, Any]:
-    """A settings model's fields with their hints as written (bounds included: pydantic moves them off
-    `field.annotation`)."""
-    hints = typing.get_type_hints(settings, include_extras=True)
-    return {name: hints[name] for name in settings.model_fields}
-
-
-# -- types: pydantic decides, `describe` words the hint ---------------------------------------------------------------
-
-#: What a class arm of a union (Tensor, Strategy, timedelta: no YAML value is one) accepts: anything but a scalar,
-#: left to the constructor.
-NOT_SCALAR = list | tuple | dict | None
-
-
-def _is_union(hint) -> bool:
-    return typing.get_origin(hint) in (Union, types.UnionType)
-
-
-def _foreign(arm) -> bool:
-    """A class that no YAML value can be."""
-    return isinstance(arm, type) and not (arm in (bool, int, float, str, list, tuple, dict, type(None))
-                                          or issubclass(arm, Path))
-
-
-def yaml_hint(hint):
-    """`hint` as a value of a composed config can meet it, for pydantic's strict mode: a sequence is a list, a path a
-    string, a literal keeps its type (16.0 is not 16), a mapping's entries and what no YAML value can be (classes,
-    callables) are left to the constructor, except that a scalar cannot be a class of a union that has other arms."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if _is_union(hint):
-        if all(_foreign(arm) for arm in args):
-            return Any
-        return Union[tuple(NOT_SCALAR if _foreign(arm) else yaml_hint(arm) for arm in args)]  # noqa: UP007
-    if origin is Annotated:
-        return yaml_hint(args[0])
-    if origin is Literal:  # by type: pydantic's literals take 16.0 for 16 and True for 1
-        kinds = {type(arg): tuple(a for a in args if type(a) is type(arg)) for arg in args}
-        return Union[tuple(Annotated[kind, Predicate(v.__contains__)] for kind, v in kinds.items())]  # noqa: UP007
-    if hint in (list, tuple) or origin in (list, tuple, Sequence):
-        item = yaml_hint(args[0]) if args else Any
-        return list[item] | tuple[item, ...]
-    if hint is dict or origin in (dict, Mapping) or settings_group(hint) is not None:  # a group: its keys, one by one
-        return dict
-    if isinstance(hint, type) and issubclass(hint, Path):
-        return str
-    return hint if hint in (bool, int, float, str, None, type(None)) else Any
-
-
-@functools.cache
-def _adapter(hint) -> TypeAdapter:
-    return TypeAdapter(hint)
-
-
-def matches(value: Any, hint) -> bool:
-    """Whether a plain config value fits a type hint, in pydantic's strict mode."""
-    try:
-        _adapter(yaml_hint(hint)).validate_python(value, strict=True)
-    except ValidationError:
-        return False
-    return True
-
-
-def _range_error(bounds: Range, value: float) -> str | None:
-    """pydantic's error type for a number outside `bounds` or not finite (`finite_number`), None when it is valid."""
-    try:
-        _adapter(Annotated[FiniteFloat, bounds]).validate_python(value)
-    except ValidationError as err:
-        return err.errors()[0]["type"]
-    return None
-
-
-def describe(hint) -> str:
-    """A type hint in words: `an integer`, `a number`, `one of 16-mixed, 32-true`, `null or an integer`."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if _is_union(hint):
-        literals = {str(value): value for arg in args if typing.get_origin(arg) is Literal
-                    for value in typing.get_args(arg)}  # 16 and "16" read the same
-        words = [describe(Literal[tuple(literals.values())])] if literals else []
-        words += [describe(arg) for arg in args if typing.get_origin(arg) is not Literal and not _foreign(arg)]
-        words = [w for w in dict.fromkeys(words) if w and not (w == "an integer" and "a number" in words)]
-        return " or ".join(sorted(words, key=lambda w: w != "null"))
-    if origin is Annotated:
-        return describe(args[0])
-    if origin is Literal:
-        return "one of " + ", ".join(str(arg) for arg in args)
-    if hint in (list, tuple) or origin in (list, tuple, Sequence):
-        return f"a list of {_plural(describe(args[0]))}" if args else "a list"
-    if hint is dict or origin in (dict, Mapping) or settings_group(hint) is not None:
-        return "a mapping"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string", None: "null",
-            type(None): "null", Path: "a path"}.get(hint, "")
-
-
-def _plural(word: str) -> str:
-    return {"an integer": "integers", "a number": "numbers", "a string": "strings"}.get(word, word)
 
 
 def parameter_hints(target) -> tuple[dict[str, Any], bool]:
@@ -193,29 +75,138 @@ def target_name(obj) -> str:
     return owner.__name__ if inspect.isclass(owner) else obj.__name__
 
 
+# -- what a YAML value can be: the hint as pydantic's strict mode meets a composed config -----------------------------
+
+#: What a class arm of a union (Tensor, Strategy, timedelta: no YAML value is one) accepts: anything but a scalar,
+#: left to the constructor.
+NOT_SCALAR = list | tuple | dict | None
+#: pydantic's strict mode, finite numbers only, for hints that are not settings models.
+STRICT = ConfigDict(strict=True, allow_inf_nan=False, arbitrary_types_allowed=True)
+
+
+def _is_union(hint) -> bool:
+    return typing.get_origin(hint) in (Union, types.UnionType)
+
+
+def _foreign(arm) -> bool:
+    """A class that no YAML value can be."""
+    return isinstance(arm, type) and not (arm in (bool, int, float, str, list, tuple, dict, type(None))
+                                          or issubclass(arm, Path))
+
+
+def _finite(value: Any) -> Any:
+    """No NaN or infinity, even where the hint allows anything."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PydanticKnownError("finite_number")
+    return value
+
+
+class _NotAChoice:
+    """What a value of another type than a literal's choices stands in for: no literal equals it."""
+
+
+def _of_type(kinds: set[type]):
+    """A literal's choices keep their type (pydantic would take 16.0 for 16 and True for 1)."""
+    return BeforeValidator(lambda value: value if type(value) in kinds else _NotAChoice)
+
+
+def yaml_hint(hint):
+    """`hint` as a value of a composed config can meet it, for pydantic's strict mode: a sequence is a list, a path a
+    string, a literal keeps its type (16.0 is not 16), bounds stay, a mapping's entries and what no YAML value can be
+    (classes, callables) are left to the constructor, except that a scalar cannot be a class of a union that has
+    other arms; any number finite."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if _is_union(hint):
+        if all(_foreign(arm) for arm in args):
+            return Annotated[Any, BeforeValidator(_finite)]
+        literal = [arm for arm in args if typing.get_origin(arm) is Literal]
+        choices = tuple(choice for arm in literal for choice in typing.get_args(arm))
+        arms = [NOT_SCALAR if _foreign(arm) else yaml_hint(arm) for arm in args if arm not in literal]
+        return Union[tuple(arms + [yaml_hint(Literal[choices])] * bool(choices))]  # noqa: UP007 (the literals as one)
+    if origin is Annotated:
+        return Annotated[(yaml_hint(args[0]), *hint.__metadata__)]
+    if origin is Literal:
+        return Annotated[hint, _of_type({type(arg) for arg in args})]
+    if hint in (list, tuple) or origin in (list, tuple, Sequence):
+        return list[yaml_hint(args[0]) if args else Any]
+    if hint is dict or origin in (dict, Mapping):
+        return dict
+    if isinstance(hint, type) and issubclass(hint, Path):
+        return str
+    return hint if hint in (bool, int, float, str, None, type(None)) else Annotated[Any, BeforeValidator(_finite)]
+
+
+@functools.cache
+def _adapter(hint) -> TypeAdapter:
+    return TypeAdapter(yaml_hint(hint), config=STRICT)
+
+
+@functools.cache
+def node_schema(target) -> TypeAdapter:
+    """A `_target_` node's keys as pydantic validates them: one field per parameter of the target, typed by its hint,
+    none required (the constructor has defaults); a parameter it does not take is refused unless it takes
+    `**kwargs` it does not declare."""
+    hints, open_keywords = parameter_hints(target)
+    schema = TypedDict(target_name(target), {name: NotRequired[yaml_hint(hint)] for name, hint in hints.items()})
+    schema.__pydantic_config__ = ConfigDict(STRICT, extra="allow" if open_keywords else "forbid")
+    return TypeAdapter(schema)
+
+
+# -- one line per refusal ----------------------------------------------------------------------------------------------
+
+
+def closest(name: str, names) -> str | None:
+    """The valid name closest to `name` ("did you mean"), None when none is close."""
+    return next(iter(difflib.get_close_matches(name, sorted(map(str, names)), n=1, cutoff=0.6)), None)
+
+
+class UnknownKeyError(ConfigError):
+    """A key its config, group or constructor does not have: wrong in every job of a sweep alike."""
+
+
+def not_a_key(key: str, names, owner: str, noun: str = "a key") -> UnknownKeyError:
+    """The one line for a key `owner` does not have, naming the closest valid one (else the valid ones)."""
+    parent, _, leaf = key.rpartition(".")
+    guess = closest(leaf, names)
+    fix = f"did you mean {parent}{'.' * bool(parent)}{guess}?" if guess else f"valid: {', '.join(sorted(names))}"
+    return UnknownKeyError(f"{key} is not {noun} of {owner}; {fix}")
+
+
+def messages(errors: list[dict]) -> str:
+    """pydantic's messages for one value, the arms of a union joined (`Input should be a valid list or ...`)."""
+    said = list(dict.fromkeys(error["msg"] for error in errors))
+    if len(said) == 1 or not all(msg.startswith("Input should be ") for msg in said):
+        return said[0]
+    parts = [msg.removeprefix("Input should be ") for msg in said]
+    return f"Input should be {', '.join(parts[:-1])} or {parts[-1]}"
+
+
+def framed(key: str, value: Any, errors: list[dict]) -> ConfigError:
+    """`key=value: what pydantic says is wrong`, one line."""
+    return ConfigError(f"{key}={value!r}: {messages(errors)}")
+
+
 def check_value(key: str, value: Any, hint=Any) -> None:
-    """One key against its type hint: the type, then the bounds or choices the hint carries (`Annotated[int, Ge(1)]`,
-    `Literal[...]`), and any number finite; pydantic's verdicts in one line each."""
-    shown, name, bounds = f"{key}={value!r}", key.rsplit(".", 1)[-1], bounds_of(hint)
-    if not matches(value, hint):
-        wanted = " ".join(filter(None, (describe(hint) or "another type", bounds.describe())))
-        raise ConfigError(f"{shown} is not valid: {name} must be {wanted}")
-    error = _range_error(bounds, value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-    if error == "finite_number":  # NaN compares false with every bound, inf is no usable setting either
-        raise ConfigError(f"{shown} is not valid: {name} must be a finite number (not nan or inf)")
-    if error:
-        kind = "a number" if matches(0.5, hint) else "an integer"
-        raise ConfigError(f"{shown} is out of range: {name} must be {kind} {bounds.describe()}")
+    """One value against its type hint, in pydantic's strict mode (bounds, choices, finite numbers included)."""
+    try:
+        _adapter(hint).validate_python(value)
+    except ValidationError as err:
+        raise framed(key, value, err.errors()) from None
 
 
-def check_node(prefix: str, node: dict, hints: dict[str, Any], open_keywords: bool, owner: str) -> None:
-    for name, value in node.items():
-        if name.startswith("_") and name.endswith("_"):  # _target_, _convert_, _partial_, ...
-            continue
-        key = f"{prefix}{name}"
-        if name not in hints and not open_keywords:
-            raise not_a_key(key, hints, owner, "a parameter")
-        check_value(key, value, hints.get(name, Any))
+def check_node(prefix: str, node: dict, target, owner: str | None = None) -> None:
+    """A `_target_` node's keys against `target`'s parameters (`node_schema`); `_target_`, `_partial_`, ... are
+    Hydra's."""
+    values = {name: value for name, value in node.items() if not (name.startswith("_") and name.endswith("_"))}
+    try:
+        node_schema(target).validate_python(values)
+    except ValidationError as err:
+        errors = err.errors()
+        name = str(next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])["loc"][0])
+        if name not in parameter_hints(target)[0]:
+            raise not_a_key(f"{prefix}{name}", parameter_hints(target)[0], owner or target_name(target),
+                            "a parameter") from None
+        raise framed(f"{prefix}{name}", values[name], [e for e in errors if e["loc"][0] == name]) from None
 
 
 def import_target(path: Any) -> Any:
@@ -261,24 +252,7 @@ def check_targets(node: Any) -> None:
     schedule); all targets are imported first, so each module's `declare_hints` is in place."""
     for prefix, values, obj in target_nodes(node):
         if callable(obj):  # a class, a function (a learning-rate schedule) or a classmethod factory
-            check_node(prefix, values, *parameter_hints(obj), target_name(obj))
-
-
-def closest(name: str, names) -> str | None:
-    """The valid name closest to `name` ("did you mean"), None when none is close."""
-    return next(iter(difflib.get_close_matches(name, sorted(map(str, names)), n=1, cutoff=0.6)), None)
-
-
-class UnknownKeyError(ConfigError):
-    """A key its config, group or constructor does not have: wrong in every job of a sweep alike."""
-
-
-def not_a_key(key: str, names, owner: str, noun: str = "a key") -> UnknownKeyError:
-    """The one line for a key `owner` does not have, naming the closest valid one (else the valid ones)."""
-    parent, _, leaf = key.rpartition(".")
-    guess = closest(leaf, names)
-    fix = f"did you mean {parent}{'.' * bool(parent)}{guess}?" if guess else f"valid: {', '.join(sorted(names))}"
-    return UnknownKeyError(f"{key} is not {noun} of {owner}; {fix}")
+            check_node(prefix, values, obj)
 
 
 #: `model_validate(values, context=COMPOSITION)`: the composition alone (types, keys, what the values say about each
@@ -287,10 +261,10 @@ COMPOSITION = "composition"
 
 
 class Settings(BaseModel):
-    """A command's settings or a config group's: a key it does not declare is refused (pydantic's `extra="forbid"`),
-    and `model_validate` answers a pydantic error with one `ConfigError` line naming the key."""
+    """A command's settings or a config group's: pydantic's strict mode, finite numbers, a key it does not declare
+    refused (`extra="forbid"`); `model_validate` answers with one `ConfigError` line (`refusal`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
     described_as: ClassVar[str] = "the config"
 
     @classmethod
@@ -298,40 +272,29 @@ class Settings(BaseModel):
         try:
             return super().model_validate(obj, **kwargs)
         except ValidationError as err:
-            raise refusal(err, cls) from None
+            raise refusal(err, cls, obj) from None
 
 
-def refusal(err: ValidationError, settings: type[BaseModel]) -> ConfigError:
-    """pydantic's first error as one line: an unknown key with the closest valid one, else `key=value: msg`."""
-    error = next((e for e in err.errors() if e["type"] == "extra_forbidden"), err.errors()[0])
-    key = ".".join(map(str, error["loc"]))
+def refusal(err: ValidationError, settings: type[BaseModel], values: Any) -> ConfigError:
+    """pydantic's verdict as one line: a key no field declares with the closest valid one, else `key=value: msg` for
+    the first key found wrong (followed down the groups: `extras.print_config`)."""
+    errors = err.errors()
+    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    owner, key, value = settings, [], values
+    for part in map(str, error["loc"]):
+        key.append(part)
+        value = value.get(part) if isinstance(value, dict) else None
+        field = owner.model_fields.get(part)
+        arms = (field.annotation, *typing.get_args(field.annotation)) if field else ()
+        owner = next((arm for arm in arms if isinstance(arm, type) and issubclass(arm, BaseModel)), None) or owner
+        if not any(arm is owner for arm in arms):
+            break
+    if error["type"] == "extra_forbidden":
+        return not_a_key(".".join(key), [name for name in owner.model_fields if name != "resolved"],
+                         owner.described_as)
     if error["type"] == "missing":
-        return ConfigError(f"{key}: {error['msg']}")
-    if error["type"] != "extra_forbidden":
-        return ConfigError(f"{key}={error['input']!r}: {error['msg']}")
-    owner = settings
-    for part in error["loc"][:-1]:  # the settings model (group) the key was given in
-        hint = owner.model_fields[part].annotation
-        owner = next(arm for arm in (hint, *typing.get_args(hint)) if settings_group(arm) is not None)
-    return not_a_key(key, [name for name in owner.model_fields if name != "resolved"], owner.described_as)
-
-
-def settings_group(hint) -> type[BaseModel] | None:
-    """The settings model a field's hint is (`TemplateSettings`, `Extras`): a config group checked key by key; None
-    for any other hint."""
-    return hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
-
-
-def check_settings(container: dict, settings: type[BaseModel]) -> None:
-    """Each key of `container` against its field of `settings`; a field that is itself a settings model (a config
-    group such as `template`) key by key, where a key it does not have is refused."""
-    for name, hint in settings_hints(settings).items():
-        if name not in container:
-            continue
-        if (group := settings_group(hint)) is not None and isinstance(container[name], dict):
-            check_node(f"{name}.", container[name], settings_hints(group), False, group.described_as)
-        else:
-            check_value(name, container[name], hint)
+        return ConfigError(f"{'.'.join(key)}: {error['msg']}")
+    return framed(".".join(key), value, [e for e in errors if list(map(str, e["loc"]))[:len(key)] == key])
 
 
 # -- the machine and the file system -----------------------------------------------------------------------------

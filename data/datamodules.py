@@ -119,6 +119,11 @@ class _StringDataModule(pl.LightningDataModule):
     #: The config keys naming corpus files (a list or one name), checked by `check_files`.
     file_keys: tuple[str, ...] = ()
 
+    def corpus_names(self) -> list[str]:
+        """The corpus files as configured (names before `resolve`, in order): what `file_keys` hold."""
+        values = [getattr(self, key) for key in self.file_keys]
+        return [name for value in values for name in ([value] if isinstance(value, str) else value)]
+
     @classmethod
     def check_files(cls, settings: dict) -> None:
         """A config node's local corpus files exist and are readable as this module reads them, checked without

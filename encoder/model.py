@@ -19,6 +19,7 @@ from promptemb.common.bounds import AtLeastOne, TokenLimit
 from promptemb.common.compilation import check_compile_works
 from promptemb.common.device_profile import exact_matmuls
 from promptemb.common.errors import ConfigError
+from promptemb.common.instantiate import keywords_of
 from promptemb.encoder.decoder import (
     PADDING_SIDES,
     DecoderInputBuilder,
@@ -201,6 +202,19 @@ def check_inference_options(dtype: str, compile: bool, parallel_batches: int, on
                           "them bfloat16: use backbone.autocast=auto or none with it")
 
 
+@dataclass(frozen=True)
+class InferenceOptions:
+    """How a frozen encoder runs its forwards (`Encoder.use_inference_options`; what each does: `Encoder.__init__`).
+    The `backbone` node keeps them as flat keys (`backbone.autocast=bf16`); evaluate.py's settings build this object
+    once and set the same options on a pretrained and on a trained model, so the defaults live here only."""
+
+    compile: bool = False
+    autocast: Autocast = "none"
+    parallel_batches: AtLeastOne = 1
+    onednn_linears: bool = False
+    max_batch_tokens: AtLeastOne | Literal["auto"] | None = "auto"
+
+
 class Encoder:
     """A tokenizer + transformer pair that embeds sentences for any set of poolers.
 
@@ -212,6 +226,7 @@ class Encoder:
     (the training-time evaluation callback), so both score through the same code.
     """
 
+    @keywords_of(InferenceOptions)
     def __init__(
         self,
         name_or_path: str,
@@ -227,33 +242,30 @@ class Encoder:
         device_map: str | dict | None = None,
         quantization: str | None = None,
         padding_side: PaddingSide = "right",
-        compile: bool = False,
-        autocast: Autocast = "none",
-        parallel_batches: AtLeastOne = 1,
-        onednn_linears: bool = False,
-        max_batch_tokens: AtLeastOne | Literal["auto"] | None = "auto",
+        **inference,
     ):
-        """`device_map` (e.g. "auto") and `quantization` ("4bit", CUDA only) are passed to `from_pretrained` for
-        models too big for one device; `padding_side` applies to decoders (results do not depend on it).
-        `compile`: run the transformer through torch.compile (Inductor, dynamic shapes, weights frozen into the
-        graph, so only for inference): the first batches pay the compilation (minutes on a small CPU), later ones
-        run faster (docs/benchmarks.md: worth it for large corpora); refused here when Inductor cannot run on
-        this machine. `autocast`: the forwards under bf16 autocast (`bf16`, or `auto`: on CUDA only),
-        pooling and similarities in float32. `parallel_batches`: on the CPU, encode that many batches at once
-        (threads sharing the torch threads; encoders only). `onednn_linears`: on the CPU, the transformer's linears
-        multiply with weights pre-packed for oneDNN (encoder/onednn.py: ~10% faster, equal to float rounding;
-        float32 encoders, not with `compile`). `max_batch_tokens`: batches of length-sorted inputs filled up to
-        that many padded tokens instead of `batch_size` inputs ("auto": 16384 off the CPU, by count on the CPU;
-        `resolve_batch_tokens`)."""
+        """`device_map` (e.g. "auto") and `quantization` ("4bit", CUDA only) are passed to `from_pretrained` for models
+        too big for one device; `padding_side` applies to decoders (results do not depend on it). The keywords of
+        `InferenceOptions`: `compile`: run the transformer through torch.compile (Inductor, dynamic shapes, weights
+        frozen into the graph, so only for inference): the first batches pay the compilation (minutes on a small CPU),
+        later ones run faster (docs/benchmarks.md: worth it for large corpora); refused here when Inductor cannot run on
+        this machine. `autocast`: the forwards under bf16 autocast (`bf16`, or `auto`: on CUDA only), pooling and
+        similarities in float32. `parallel_batches`: on the CPU, encode that many batches at once (threads sharing the
+        torch threads; encoders only). `onednn_linears`: on the CPU, the transformer's linears multiply with weights
+        pre-packed for oneDNN (encoder/onednn.py: ~10% faster, equal to float rounding; float32 encoders, not with
+        `compile`). `max_batch_tokens`: batches of length-sorted inputs filled up to that many padded tokens instead of
+        `batch_size` inputs ("auto": 16384 off the CPU, by count on the CPU; `resolve_batch_tokens`)."""
         path = resolve_model_path(name_or_path)
-        resolve_batch_tokens(max_batch_tokens, torch.device("cpu"))  # the value only
+        options = InferenceOptions(**inference)
+        compile, autocast = options.compile, options.autocast
+        resolve_batch_tokens(options.max_batch_tokens, torch.device("cpu"))  # the value only
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
         if padding_side not in PADDING_SIDES:
             raise ConfigError(f"unknown padding_side {padding_side!r}; valid: {', '.join(PADDING_SIDES)}")
         resolve_autocast(autocast, torch.device("cpu"), dtype)  # the value only: the device is known after loading
         check_quantization(quantization)
-        check_inference_options(dtype, compile, parallel_batches, onednn_linears, autocast)
+        check_inference_options(dtype, compile, options.parallel_batches, options.onednn_linears, autocast)
         if compile:
             check_backbone_compile(path, revision, device)
         placement = {} if device_map is None else {"device_map": device_map}
@@ -269,8 +281,7 @@ class Encoder:
                     attentions=attentions, mlm_head=head, progress=progress, padding_side=padding_side,
                     autocast=autocast)
         self.model = (model if device_map is not None or quantization else model.to(self.device)).eval()
-        self.use_inference_options(autocast=autocast, compile=compile, parallel_batches=parallel_batches,
-                                   onednn_linears=onednn_linears, max_batch_tokens=max_batch_tokens)
+        self.use_inference_options(options)
 
     @classmethod
     def from_model(
@@ -334,11 +345,12 @@ class Encoder:
         self.onednn_linears = 0
         self.compiled = False
 
-    def use_inference_options(self, *, autocast: str = "none", compile: bool = False, parallel_batches: int = 1,
-                              onednn_linears: bool = False, max_batch_tokens: int | str | None = "auto") -> None:
+    def use_inference_options(self, options: InferenceOptions) -> None:
         """How this frozen encoder runs its forwards (see `__init__`); evaluate.py sets the same options on a trained
         model it opened. None changes what is computed beyond float rounding; `compile` and `onednn_linears` take
         the weights as they are now (inference only) and are applied once."""
+        autocast, compile, parallel_batches = options.autocast, options.compile, options.parallel_batches
+        onednn_linears, max_batch_tokens = options.onednn_linears, options.max_batch_tokens
         # what an earlier call applied stays applied: the combinations are checked with it
         check_inference_options(self.dtype, compile or self.compiled, parallel_batches,
                                 onednn_linears or bool(self.onednn_linears), autocast)

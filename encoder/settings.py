@@ -8,15 +8,14 @@ from typing import ClassVar
 import yaml
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import Settings, check_node, import_target, parameter_hints
+from promptemb.common.validation import Settings, check_node, import_target
 from promptemb.configs import CONFIG_DIR
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import SentenceRule
 
 
 def check_backbone(container: dict) -> None:
-    check_node("backbone.", container.get("backbone") or {}, parameter_hints(Encoder)[0], False,
-               "Encoder (the backbone)")
+    check_node("backbone.", container.get("backbone") or {}, Encoder, "Encoder (the backbone)")
 
 
 class TemplateSettings(Settings):

@@ -30,12 +30,14 @@ from promptemb.encoder.settings import TemplateSettings
 from promptemb.encoder.template import Template
 from promptemb.evaluation.report import markdown_table, scoring_provenance, software_versions
 from promptemb.evaluation.session import ScoringSession
-from promptemb.evaluation.settings import EvaluateSettings
+from promptemb.evaluation.settings import EncodeSettings, EvaluateSettings
 from promptemb.inference.model_sources import check_input_form, merge_poolers, open_trained_model
 from promptemb.poolers import build_pooler
 from promptemb.poolers.fitted import CorpusFittedPooler
 
 log = logging.getLogger(__name__)
+#: What `run` takes: one settings object per command.
+Settings = EvaluateSettings | EncodeSettings
 
 
 def build_template(template: TemplateSettings) -> Template | None:
@@ -55,20 +57,12 @@ def check_template_is_read(template: Template | None, sentence_rule: str, pooler
                           "template")
 
 
-def build_encoder(settings: EvaluateSettings, poolers) -> Encoder:
+def build_encoder(settings: Settings, poolers) -> Encoder:
     """`Encoder` from the backbone's keyword arguments (checked against its constructor) and what the poolers need."""
     needs = combine_needs(poolers)
-    check_poolers_on_config(str(settings.backbone["name_or_path"]), poolers, settings.backbone.get("revision"))
-    return Encoder(**{**settings.backbone, **inference_options(settings.backbone)}, attentions=needs.attentions,
-                   mlm_head=needs.mlm_head, progress=settings.progress)
-
-
-def inference_options(backbone: dict) -> dict:
-    """How the encoder runs (`Encoder.use_inference_options`): the same for a pretrained and a trained model."""
-    return {"autocast": str(backbone.get("autocast", "none")), "compile": bool(backbone.get("compile", False)),
-            "parallel_batches": int(backbone.get("parallel_batches", 1)),
-            "onednn_linears": bool(backbone.get("onednn_linears", False)),
-            "max_batch_tokens": backbone.get("max_batch_tokens", "auto")}
+    check_poolers_on_config(settings.model_name, poolers, settings.revision)
+    return Encoder(**settings.backbone, attentions=needs.attentions, mlm_head=needs.mlm_head,
+                   progress=settings.progress)
 
 
 @dataclass
@@ -83,13 +77,11 @@ class Scoring:
     source: dict | None = None
 
 
-def open_scoring(settings: EvaluateSettings, poolers: list) -> Scoring:
+def open_scoring(settings: Settings, poolers: list) -> Scoring:
     """A trained model (checkpoint, run folder, export) with its own poolers and recorded input form, then the
     configured `poolers` not already among them; a pretrained model with the configured template and poolers."""
-    backbone, rule = settings.backbone, settings.template.sentence_rule
-    name_or_path = str(backbone["name_or_path"])
-    trained = open_trained_model(name_or_path, device=backbone["device"], batch_size=backbone["batch_size"],
-                                 attentions=combine_needs(poolers).attentions,
+    rule, name_or_path = settings.template.sentence_rule, settings.model_name
+    trained = open_trained_model(name_or_path, **settings.opening, attentions=combine_needs(poolers).attentions,
                                  verify_weights=not settings.allow_unverified_weights)
     if trained is None:
         template = build_template(settings.template)
@@ -97,7 +89,7 @@ def open_scoring(settings: EvaluateSettings, poolers: list) -> Scoring:
         return Scoring(build_encoder(settings, poolers), poolers, template, rule, settings.max_sentence_tokens)
     check_input_form(trained, settings.template.text, rule, settings.max_sentence_tokens)
     trained.encoder.progress = settings.progress
-    trained.encoder.use_inference_options(**inference_options(backbone))
+    trained.encoder.use_inference_options(settings.inference)
     if trained.source.get("weights_verified") is False:
         log.warning("scoring an UNVERIFIED model (allow_unverified_weights=true): %s", trained.source["weights_note"])
     log.info("scoring %s %s with its own template %r and poolers %s", trained.source["kind"], name_or_path,
@@ -111,7 +103,7 @@ class Evaluation:
     the pooler and the input sentences (encode mode), then the model to score (`Scoring`). A mistake in any of them
     fails here, before the first forward pass; `run` then scores or encodes."""
 
-    def __init__(self, settings: EvaluateSettings):
+    def __init__(self, settings: Settings):
         self.settings = settings
         seed_everything(settings.seed)
         if settings.mode == "score":
@@ -193,7 +185,7 @@ class Evaluation:
         return embeddings
 
 
-def run(settings: EvaluateSettings, context: RunContext = FROM_PYTHON) -> dict | np.ndarray:
+def run(settings: Settings, context: RunContext = FROM_PYTHON) -> dict | np.ndarray:
     """Score or encode. Hydra's run folder is `output_dir`: encode mode, whose output is a file of its own, leaves
     none behind."""
     result = Evaluation(settings).run()

@@ -1,5 +1,6 @@
-"""evaluate.py's settings (configs/eval.yaml; promptemb-encode: encode.yaml), checked once when they are built from
-the composed config, before the scoring stack is imported: a wrong value costs a second, not ten.
+"""evaluate.py's settings, one object per command: `EvaluateSettings` (configs/eval.yaml) and `EncodeSettings`
+(configs/encode.yaml: promptemb-encode, evaluate.py mode=encode), checked once when they are built from the composed
+config, before the scoring stack is imported: a wrong value costs a second, not ten.
 
     settings = EvaluateSettings.model_validate(values, context=run_context)    # the RunContext: its overrides
 """
@@ -7,9 +8,9 @@ the composed config, before the scoring stack is imported: a wrong value costs a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
@@ -22,15 +23,13 @@ from promptemb.common.validation import (
     Settings,
     check_device,
     check_readable_file,
-    check_settings,
     check_writable_dir,
 )
 from promptemb.encoder.loading import check_model_source
+from promptemb.encoder.model import InferenceOptions
 from promptemb.encoder.settings import TemplateSettings, check_backbone, check_template
 from promptemb.evaluation.scoring_options import check_dims
 from promptemb.inference.model_sources import source_kind
-
-MODES = ("score", "encode")
 
 
 @dataclass
@@ -52,66 +51,63 @@ class ScoringSettings:
         check_dims(self.dims, width=0)  # integers >= 1, none twice; the model's width is checked once it loads
 
 
-class EvaluateSettings(Settings):
-    """evaluate.py's keys; `backbone` holds `Encoder`'s keyword arguments, checked against its constructor."""
+class ModelSettings(Settings):
+    """What evaluate.py's two commands share: the model (`backbone`: `Encoder`'s keyword arguments, checked against
+    its constructor), its template, and where data and run folder are."""
 
-    described_as: ClassVar[str] = "evaluate.py's config"
-
-    mode: str
     data_root: str | None
     task_name: str
     output_dir: str
     paths: RunPaths
     backbone: dict
     template: TemplateSettings
-    tasks: list[str]
-    task_registry: str | None
-    poolers: list[str]
     pooler_args: dict
-    post: list[str]
-    post_args: dict
     fit_corpus: str
-    analysis: bool
-    transfer_args: dict = Field(default_factory=dict)
-    clustering_args: dict = Field(default_factory=dict)
-    dims: list[AtLeastOne] = Field(default_factory=list)
+    task_registry: str | None
     max_sentence_tokens: AtLeastOne | None
     seed: Seed
     allow_unverified_weights: bool
     progress: bool
-    pooler: str
-    input: str | None
-    output: str | None
     resolved: dict  # every value, recorded with the results
 
     @property
-    def scoring(self) -> ScoringSettings:
-        return ScoringSettings(**{name: getattr(self, name) for name in asdict(ScoringSettings())})
+    def model_name(self) -> str:
+        return str(self.backbone["name_or_path"])
+
+    @property
+    def revision(self) -> str | None:
+        """The Hub revision the backbone names, if any (a config read before the weights load uses it too)."""
+        return self.backbone.get("revision")
+
+    @property
+    def opening(self) -> dict:
+        """How a trained model is opened: the backbone's device and batch size."""
+        return {"device": self.backbone["device"], "batch_size": self.backbone["batch_size"]}
+
+    @property
+    def inference(self) -> InferenceOptions:
+        """The backbone's inference keys as the encoder takes them, for a pretrained and a trained model alike."""
+        return InferenceOptions(**{name: self.backbone[name] for name in INFERENCE_KEYS if name in self.backbone})
 
     @model_validator(mode="before")
     @classmethod
-    def check(cls, values: dict) -> dict:
-        """What the composed config must satisfy whatever the machine (`check_evaluate_composition`); pydantic then
-        refuses any key none of the fields declares, before `check_machine_and_files` reads the disk."""
-        check_evaluate_composition(values)
-        return {**values, "resolved": values}
+    def record(cls, values: dict) -> dict:
+        return {**values, "resolved": values} if isinstance(values, dict) else values
 
     @model_validator(mode="after")
-    def check_machine_and_files(self, info: ValidationInfo) -> EvaluateSettings:
-        """Everything about the config that can be refuted before a model or a data file is loaded (one
-        `ConfigError` line each): the device, the files read and written, the model's files, and the options a
-        trained model would ignore (`info.context`: the command's `RunContext`, whose overrides say which keys were
-        given)."""
+    def check(self, info: ValidationInfo) -> ModelSettings:
+        """After pydantic's types and keys: the backbone against `Encoder`, a single template; then everything that
+        can be refuted before a model or a data file is loaded (one `ConfigError` line each): the device, the files
+        read and written, the model's files, and the options a trained model would ignore (`info.context`: the
+        command's `RunContext`, whose overrides say which keys were given)."""
+        check_evaluate_composition(self.resolved)
         if info.context == COMPOSITION:
             return self
         backbone = self.backbone
         check_device("backbone.device", str(backbone.get("device", "auto")))
         if self.task_registry:
             check_readable_file("task_registry", self.task_registry)
-        if self.mode == "encode":
-            check_encode_files(self.input, self.output)
-        else:
-            check_writable_dir("output_dir", self.output_dir)
+        self.check_outputs()
         if isinstance(name := backbone.get("name_or_path"), str):
             check_model_source(name)
             if backbone.get("revision") and (name.startswith(("package:", "model:"))
@@ -119,17 +115,57 @@ class EvaluateSettings(Settings):
                 raise ConfigError(f"backbone.revision={backbone['revision']} selects a version of a Hugging Face Hub "
                                   f"model, but {name} is local: drop backbone.revision")
             check_source_options(name, self.allow_unverified_weights, getattr(info.context, "overrides", ()))
-        if self.mode not in MODES:
-            raise ConfigError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
-        if self.mode == "encode" and not (self.input and self.output):
-            raise ConfigError("mode=encode needs input=FILE.txt and output=FILE.npy")
         return self
 
 
+class EvaluateSettings(ModelSettings):
+    """evaluate.py's keys (configs/eval.yaml): score poolers on tasks."""
+
+    described_as: ClassVar[str] = "evaluate.py's config"
+
+    mode: Literal["score"]
+    tasks: list[str]
+    poolers: list[str]
+    post: list[str]
+    post_args: dict
+    analysis: bool
+    transfer_args: dict = Field(default_factory=dict)
+    clustering_args: dict = Field(default_factory=dict)
+    dims: list[AtLeastOne] = Field(default_factory=list)
+
+    @property
+    def scoring(self) -> ScoringSettings:
+        return ScoringSettings(**{name: getattr(self, name) for name in asdict(ScoringSettings())})
+
+    def check_outputs(self) -> None:
+        check_writable_dir("output_dir", self.output_dir)
+
+
+class EncodeSettings(ModelSettings):
+    """promptemb-encode's keys (configs/encode.yaml, = evaluate.py mode=encode): embed a text file with one pooler."""
+
+    described_as: ClassVar[str] = "promptemb-encode's config"
+
+    mode: Literal["encode"]
+    pooler: str
+    input: str | None
+    output: str | None
+
+    def check_outputs(self) -> None:
+        if not (self.input and self.output):
+            raise ConfigError("mode=encode needs input=FILE.txt and output=FILE.npy")
+        check_readable_file("input", self.input)
+        if (path := Path(self.output)).is_dir():
+            raise ConfigError(f"output={str(path)!r} is a directory; pass a file name such as emb.npy")
+        check_writable_dir("output", path.parent)
+
+
+#: The `backbone` keys that say how the encoder runs rather than what it is.
+INFERENCE_KEYS = [field.name for field in fields(InferenceOptions)]
+
+
 def check_evaluate_composition(values: dict) -> None:
-    """What a resolved evaluate.py config must satisfy whatever the machine: the types and ranges of its keys, the
-    backbone, a single template."""
-    check_settings(values, EvaluateSettings)
+    """What a resolved evaluate.py config must satisfy whatever the machine: the backbone, a single template."""
     check_template(values, None)
     check_backbone(values)
 
@@ -150,12 +186,3 @@ def check_source_options(name_or_path: str, allow_unverified_weights: bool, over
     if allow_unverified_weights and kind != "export":
         raise ConfigError(f"allow_unverified_weights=true applies to an export folder (weight files checked against "
                           f"their recorded sha256); {name_or_path} is a {kind} model: drop it")
-
-
-def check_encode_files(input: str | None, output: str | None) -> None:
-    if input:
-        check_readable_file("input", input)
-    if output:
-        if (path := Path(output)).is_dir():
-            raise ConfigError(f"output={str(path)!r} is a directory; pass a file name such as emb.npy")
-        check_writable_dir("output", path.parent)

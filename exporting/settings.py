@@ -8,8 +8,8 @@ from typing import ClassVar
 from pydantic import model_validator
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import Settings, check_settings
-from promptemb.encoder.settings import TemplateSettings, check_template
+from promptemb.common.validation import Settings
+from promptemb.encoder.settings import TemplateSettings
 
 #: keys that describe how a plain `pretrained=` model is templated and pooled; a checkpoint carries its own
 PLAIN_MODEL_KEYS = ("layer", "max_length", "max_sentence_tokens", "padding_side")
@@ -35,31 +35,27 @@ class ExportSettings(Settings):
     base_model: str | None
     template: TemplateSettings
 
-    @model_validator(mode="before")
-    @classmethod
-    def check(cls, values: dict) -> dict:
-        check_settings(values, cls)
-        if values.get("ckpt") and values.get("pretrained"):
+    @model_validator(mode="after")
+    def check(self) -> ExportSettings:
+        template = self.template
+        if self.ckpt and self.pretrained:
             raise ConfigError("pass ckpt=PATH (a trained checkpoint) or pretrained=NAME_OR_PATH (a plain model), not "
                               "both")
-        template = values.get("template") or {}
-        if template.get("second_text") is not None:
+        if template.second_text is not None:
             raise ConfigError("template.second_text= is a second training view; an export has one template: use a "
                               "single template (template=NAME without _pair, or template.second_text=null)")
-        check_template(values, None)
-        if values.get("denoise") and values.get("pooler") == "avg":
+        if self.denoise and self.pooler == "avg":
             raise ConfigError("denoise=true subtracts the template bias from the [MASK] state; pooler=avg does not "
                               "pool it: drop denoise=")
-        if values.get("pretrained"):
-            given = [key for key in ("adapter", "denoise", "base_model") if values.get(key) is not None]
+        if self.pretrained:
+            given = [key for key in ("adapter", "denoise", "base_model") if getattr(self, key) is not None]
             if given:
                 raise ConfigError(f"{given[0]}= applies to ckpt= exports, not to a plain pretrained= model; drop it")
         else:
-            given = [f"template.{key}" for key in ("text",) if template.get(key) is not None]
-            given += [key for key in PLAIN_MODEL_KEYS if values.get(key) is not None]
-            if template.get("sentence_rule") not in (None, "none"):
-                given.append("template.sentence_rule")
+            given = ["template.text"] * (template.text is not None)
+            given += [key for key in PLAIN_MODEL_KEYS if getattr(self, key) is not None]
+            given += ["template.sentence_rule"] * (template.sentence_rule != "none")
             if given:
                 raise ConfigError(f"{given[0]}= applies to a plain pretrained= export; a checkpoint exports the "
                                   "template, layer and lengths it was trained and scored with: drop it")
-        return values
+        return self

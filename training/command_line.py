@@ -7,6 +7,7 @@ set to `train` in configs/train.yaml, so the run folder's log is train.log which
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -20,35 +21,45 @@ from promptemb.common.overrides import parse_overrides, sweep_values
 from promptemb.common.run_context import FROM_PYTHON, RunContext
 from promptemb.common.run_folder import nothing_left_on_user_error
 from promptemb.configs import CONFIG_DIR
-from promptemb.training.guards import preflight
+from promptemb.training.guards import Preflight, preflight
 from promptemb.training.optuna_search import run_study
 from promptemb.training.run_lock import first_process_of_job
 from promptemb.training.runner import best_dev_score, train
-from promptemb.training.settings import CHECKED_BEFORE_HYDRA, TrainSettings, train_settings
+from promptemb.training.settings import TrainSettings
 from promptemb.training.trials import before_the_run, trial
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
-@exit_on_user_error
-def train_task(cfg: DictConfig) -> float | None:
+@dataclass
+class CheckedBeforeHydra:
+    """A resume, or a run into an existing folder: the settings and the preflight the command line ran before Hydra
+    wrote into the folder, handed to the task instead of checked again."""
+
+    settings: TrainSettings
+    checks: Preflight
+
+
+def train_task(cfg: DictConfig, before: CheckedBeforeHydra | None = None) -> float | None:
     """Hydra's task (lightning-hydra-template's `main`): the composed config checked into `TrainSettings`, then one
     `train` as a trial (its outcome recorded in its run folder; under -m a failed trial does not stop the sweep), or
     an Optuna search when `hparams_search` is set (each trial one `train`). Returns the best STS-B dev [MASK] score,
     the objective of sweeps."""
     context = running_context()
+    if before is not None and before.settings.resolved != plain(cfg):  # Hydra composed other values (a timestamp)
+        before = None
     if cfg.get("hparams_search"):
         with nothing_left_on_user_error(context.run_dir):  # a refused study leaves no folder behind
-            settings = train_settings(plain(cfg))
+            settings = before.settings if before else checked(cfg)
         return run_study(settings, context, train_trial)
     with trial(cfg.output_dir, context) as outcome:
-        outcome.objective = best_dev_score(train(checked(cfg), context))
+        settings = before.settings if before else checked(cfg)
+        outcome.objective = best_dev_score(train(settings, context, before.checks if before else None))
     return outcome.objective
 
 
-def checked(cfg) -> TrainSettings:
+def checked(cfg: DictConfig | dict) -> TrainSettings:
     """The composed config's one check; a refusal comes before the run takes its folder (which stays as it was)."""
     with before_the_run():
-        return train_settings(plain(cfg))
+        return TrainSettings.model_validate(plain(cfg))
 
 
 def train_trial(overrides: list[str], context: RunContext) -> float | None:
@@ -118,27 +129,35 @@ TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input'
                         "quantization": "model.quantization=4bit (QLoRA in the decoder recipe prompteol_sup)"}
 
 
-def check_run_before_hydra(argv: list[str]) -> None:
+def check_run_before_hydra(argv: list[str]) -> CheckedBeforeHydra | None:
     """The preflight refusals (training/guards.py) before Hydra touches an existing run folder: for a resume or a
-    run into a folder that exists, the config is composed and checked here, and those settings are the ones the task
-    trains with (one check per command). A fresh run into a new folder has nothing to protect; flags (-m, --cfg, ...)
-    are left to Hydra and each trial of a sweep has a folder of its own."""
+    run into a folder that exists, the config is composed and checked here, and those settings and that preflight are
+    the ones the task trains with (one check and one preflight per command). A fresh run into a new folder has
+    nothing to protect; flags (-m, --cfg, ...) are left to Hydra and each trial of a sweep has a folder of its own."""
     if any(arg.startswith("-") for arg in argv) or not first_process_of_job():
-        return
+        return None
     try:
         composed = compose("train", argv, resolve=False)
         ckpt_path, resume, output_dir = resolved_values(composed, "ckpt_path", "resume", "output_dir")
     except Exception:  # overrides that do not compose: Hydra reports them
-        return
+        return None
     if ckpt_path not in (None, "", "null") or resume or Path(output_dir).exists():
         settings = TrainSettings.model_validate(plain(composed))
-        preflight(settings, FROM_PYTHON)
-        CHECKED_BEFORE_HYDRA.append(settings)
+        return CheckedBeforeHydra(settings, preflight(settings, FROM_PYTHON))
+    return None
 
 
 def main() -> None:
     """train.py / promptemb-train: the command line checked before Hydra composes the config and creates the run
-    folder (one `error:` line), then Hydra runs `train_task`."""
-    exit_on_user_error(cli.check_command_line)("train", sys.argv[1:], check_experiment_overrides,
-                                                check_train_only_keys, check_run_before_hydra, settings=TrainSettings)
-    train_task()
+    folder (one `error:` line), then Hydra runs `train_task` (with what was checked before it, if anything)."""
+    argv = sys.argv[1:]
+    exit_on_user_error(cli.check_command_line)("train", argv, check_experiment_overrides, check_train_only_keys,
+                                                settings=TrainSettings)
+    before = exit_on_user_error(check_run_before_hydra)(argv)
+
+    @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+    @exit_on_user_error
+    def task(cfg: DictConfig) -> float | None:
+        return train_task(cfg, before)
+
+    task()

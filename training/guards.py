@@ -9,11 +9,11 @@ split in two context managers, so that `train` itself only instantiates and call
   memory becomes one line, W&B is finished with the run's exit code, and the DDP ranks that fit starts inherit the
   run folder.
 
-The preflight runs twice: on train.py's command line before Hydra composes the job (Hydra writes `.hydra/` and opens
-the log in the run folder before any task code runs, so a refused resume or a second run on a live folder would
-otherwise rewrite the other run's config), and again here (tests, sweeps and Optuna trials call `train` directly;
-the folder may have changed meanwhile). The trial record (status.json, the failed-run policy, sweeps) wraps `train`
-from outside: training/trials.py.
+The preflight runs once per run: here, or for a resume or a run into an existing folder on train.py's command line
+before Hydra composes the job (Hydra writes `.hydra/` and opens the log in the run folder before any task code runs,
+so a refused resume or a second run on a live folder would otherwise rewrite the other run's config), which hands it
+to `train` (`checks`); the folder's lock, taken here either way, is what keeps a live run out. The trial record
+(status.json, the failed-run policy, sweeps) wraps `train` from outside: training/trials.py.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class Run:
         os.environ[RANK_ZERO_RUN_DIR] = str(run_dir)  # the DDP ranks fit() starts inherit this folder
         try:
             try:
-                with out_of_memory_is_one_line(self.settings, trainer):
+                with out_of_memory_is_one_line(trainer):
                     yield
             except SIGTERMException:
                 raise PreemptedError(f"preempted (SIGTERM) at step {trainer.global_step}: saved "
@@ -151,14 +151,15 @@ class Run:
 
 
 @contextlib.contextmanager
-def run_folder(settings: TrainSettings, context: RunContext) -> Iterator[Run]:
-    """Take the run's folder (its lock is held until the block ends) and yield the run."""
+def run_folder(settings: TrainSettings, context: RunContext, checks: Preflight | None = None) -> Iterator[Run]:
+    """Take the run's folder (its lock is held until the block ends) and yield the run; `checks`: the preflight
+    train.py's command line ran before Hydra wrote into an existing folder (else it runs here)."""
     run_dir = Path(settings.output_dir)
     with contextlib.ExitStack() as held:
         with before_the_run():  # a refusal here leaves the run folder exactly as it was
             apply_extras(settings)
             resolve_data_root(settings.data_root)  # evaluation needs it; fail before loading any model
-            checks = preflight(settings, context)  # the checkpoint, its lineage, the folder's owner
+            checks = checks or preflight(settings, context)  # the checkpoint, its lineage, the folder's owner
             if settings.export_dir:
                 check_out(Path(settings.export_dir), overwrite=False)  # fail before training, not after
             held.enter_context(run_folder_lock(run_dir))  # from here on no other run enters the folder

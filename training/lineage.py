@@ -77,14 +77,14 @@ def backbone_lineage(name_or_path: str) -> dict:
 def data_lineage(data: dict) -> dict:
     """The corpus files' content (in order) and the settings that pick and order examples from them."""
     datamodule = build(data)
-    names = list(data.get("files") or ([data["file"]] if data.get("file") else []))
+    names = datamodule.corpus_names()
     paths = [datamodule.resolve(name) for name in names]
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         raise ConfigError(f"corpus file {missing[0]} does not exist (relative paths are relative to the data root)")
     record = {"data.files": names, "data.files_sha256": [sha256_file(path, cached=False) for path in paths],
-              "data.batch_size": data.get("batch_size")}
-    if data.get("format") == "nli_csv" and any(mined := [mined_summary(mined_provenance(p)) for p in paths]):
+              "data.batch_size": datamodule.batch_size}
+    if datamodule.corpus_format() == "nli_csv" and any(mined := [mined_summary(mined_provenance(p)) for p in paths]):
         record["data.mined"] = mined  # what mined each hard-negative file (checked against it)
     record.update({f"data.{key}": data.get(key) for key in (*SELECTION_SETTINGS, *SAMPLER_SETTINGS)})
     return record
@@ -93,8 +93,7 @@ def data_lineage(data: dict) -> dict:
 def run_lineage(settings: TrainSettings) -> dict:
     """What exact resume depends on, from train.py's settings (reads the corpus files and the backbone's weight and
     tokenizer files to hash them)."""
-    model = settings.model
-    return {"recipe": model.get("_target_"), **backbone_lineage(model["model_name_or_path"]), **input_lineage(model),
+    return {"recipe": settings.recipe, **backbone_lineage(settings.backbone_name), **input_lineage(settings.model),
             **data_lineage(settings.data)}
 
 

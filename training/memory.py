@@ -7,7 +7,6 @@ import contextlib
 from collections.abc import Iterator
 
 from promptemb.common.errors import UserError
-from promptemb.training.settings import TrainSettings
 
 
 class TrainingOutOfMemoryError(UserError):
@@ -25,23 +24,23 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and any(marker in str(err) for marker in MARKERS)
 
 
-def out_of_memory_message(err: BaseException, step: int, settings: TrainSettings) -> str:
+def out_of_memory_message(err: BaseException, trainer) -> str:
+    """The settings that use less memory per step, as the fitted recipe and datamodule hold them now."""
     what = (str(err).strip().splitlines() or [type(err).__name__])[0]
     what = what if len(what) <= 160 else what[:157] + "..."
-    model = settings.model or {}
-    chunk = model.get("grad_cache_chunk_size")
-    batch = (settings.data or {}).get("batch_size")
-    return (f"out of memory at step {step} ({what}); use less memory per step: a smaller data.batch_size (now "
-            f"{batch}), model.grad_cache_chunk_size=N to embed each batch in chunks of N examples (now {chunk}), or "
-            f"model.gradient_checkpointing=true (now {str(model.get('gradient_checkpointing', False)).lower()})")
+    hparams, batch = trainer.lightning_module.hparams, trainer.datamodule.batch_size
+    return (f"out of memory at step {trainer.global_step} ({what}); use less memory per step: a smaller "
+            f"data.batch_size (now {batch}), model.grad_cache_chunk_size=N to embed each batch in chunks of N "
+            f"examples (now {hparams.grad_cache_chunk_size}), or model.gradient_checkpointing=true (now "
+            f"{str(hparams.gradient_checkpointing).lower()})")
 
 
 @contextlib.contextmanager
-def out_of_memory_is_one_line(settings: TrainSettings, trainer) -> Iterator[None]:
-    """Inside: an out-of-memory error becomes a one-line `TrainingOutOfMemoryError`."""
+def out_of_memory_is_one_line(trainer) -> Iterator[None]:
+    """Inside: an out-of-memory error of `trainer.fit` becomes a one-line `TrainingOutOfMemoryError`."""
     try:
         yield
     except (RuntimeError, MemoryError) as err:
         if not is_out_of_memory(err):
             raise
-        raise TrainingOutOfMemoryError(out_of_memory_message(err, trainer.global_step, settings)) from None
+        raise TrainingOutOfMemoryError(out_of_memory_message(err, trainer)) from None

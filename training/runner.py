@@ -14,7 +14,7 @@ import pytorch_lightning as pl
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.common.instantiate import build
 from promptemb.common.run_context import FROM_PYTHON, RunContext
-from promptemb.training.guards import run_folder
+from promptemb.training.guards import Preflight, run_folder
 from promptemb.training.loggers import log_config
 from promptemb.training.settings import TrainSettings
 
@@ -40,9 +40,10 @@ def best_dev_score(trainer: pl.Trainer) -> float | None:
     return callback.best_selection_score(include_untrained=True) if callback else None
 
 
-def train(settings: TrainSettings, context: RunContext = FROM_PYTHON) -> pl.Trainer:
-    """Train one run in its folder (`output_dir`) and return the trainer."""
-    with run_folder(settings, context) as run:  # resumable, the folder's lock held
+def train(settings: TrainSettings, context: RunContext = FROM_PYTHON, checks: Preflight | None = None) -> pl.Trainer:
+    """Train one run in its folder (`output_dir`) and return the trainer; `checks`: its preflight, when the command
+    line ran it before Hydra (`run_folder`)."""
+    with run_folder(settings, context, checks) as run:  # resumable, the folder's lock held
         pl.seed_everything(settings.seed, workers=True)
         # _convert_="all": modules get plain lists/dicts, so checkpoints hold no config objects and load with
         # torch.load(weights_only=True).

@@ -21,7 +21,6 @@ from promptemb.common.validation import (
     Settings,
     check_accelerator,
     check_node_maps,
-    check_settings,
     check_targets,
     check_writable_dir,
     target_of,
@@ -92,18 +91,26 @@ class TrainSettings(Settings):
     logger: dict | None = None
     resolved: dict  # every value, recorded with the results and logged as the W&B run config
 
+    @property
+    def recipe(self) -> str | None:
+        """The LightningModule's class path (`model._target_`)."""
+        return self.model.get("_target_")
+
+    @property
+    def backbone_name(self) -> str:
+        """The model training starts from (`model.model_name_or_path`, which the backbone group sets)."""
+        return str(self.model["model_name_or_path"])
+
     @model_validator(mode="before")
     @classmethod
-    def check(cls, values: dict) -> dict:
-        """What the composed config must satisfy whatever the machine (`check_train_composition`); pydantic then
-        refuses any key none of the fields declares, before `check_machine_and_files` reads the disk."""
-        check_train_composition(values)
-        return {**values, "resolved": values}
+    def record(cls, values: dict) -> dict:
+        return {**values, "resolved": values} if isinstance(values, dict) else values
 
     @model_validator(mode="after")
-    def check_machine_and_files(self, info: ValidationInfo) -> TrainSettings:
-        """Everything about the config that can be refuted before a model or a corpus is loaded (one `ConfigError`
-        line each)."""
+    def check(self, info: ValidationInfo) -> TrainSettings:
+        """After pydantic's types and keys: what the values say about each other (`check_train_composition`), then
+        everything that can be refuted before a model or a corpus is loaded (one `ConfigError` line each)."""
+        check_train_composition(self.resolved)
         if info.context == COMPOSITION:
             return self
         trainer, model = self.trainer, self.model
@@ -115,10 +122,6 @@ class TrainSettings(Settings):
             recipe.check_config(model)
         if trainer.get("compile") and hasattr(recipe, "check_compile"):
             recipe.check_compile(model)
-        for node in (self.callbacks or {}).values():  # a callback's own check (the STS callback's scoring keys)
-            owner = getattr(target := target_of(node or {}), "__self__", target)
-            if hasattr(owner, "check_config"):
-                owner.check_config(node)
         if isinstance(model.get("model_name_or_path"), str):
             check_model_source(model["model_name_or_path"])
         check_training_data(self.data, resolve_data_root(self.data_root))
@@ -129,31 +132,19 @@ class TrainSettings(Settings):
 
 
 def check_train_composition(values: dict) -> None:
-    """What a resolved train.py config must satisfy whatever the machine: types and ranges of every key, and a
-    template the recipe can train with."""
-    check_settings(values, TrainSettings)
+    """What a resolved train.py config must satisfy whatever the machine: every `_target_` node against its
+    constructor, and a template the recipe can train with."""
     check_template(values, (values.get("model") or {}).get("_target_"))
     check_node_maps(values, "callbacks", "logger")
     check_targets(values)
     check_backbone(values)
+    for node in (values.get("callbacks") or {}).values():  # a callback's own check (the STS callback's scoring keys)
+        owner = getattr(target := target_of(node or {}), "__self__", target)
+        if hasattr(owner, "check_config"):
+            owner.check_config(node)
 
 
 def check_training_data(data: dict, root: Path) -> None:
     """The datamodule's own check of its corpus files, without building it (`check_files`)."""
     if hasattr(target := target_of(data), "check_files"):
         target.check_files({"data_root": str(root), **data})
-
-
-#: Settings train.py's command line checked before Hydra composes the same config again (a resume, or a run into an
-#: existing folder: the preflight comes before Hydra writes there); the first task composed with the same values takes
-#: them instead of checking again.
-CHECKED_BEFORE_HYDRA: list[TrainSettings] = []
-
-
-def train_settings(values: dict) -> TrainSettings:
-    """The one check of a composed config: `TrainSettings`, or those the command line built from the same values."""
-    for settings in CHECKED_BEFORE_HYDRA:
-        if settings.resolved == values:
-            CHECKED_BEFORE_HYDRA.remove(settings)
-            return settings
-    return TrainSettings.model_validate(values)

@@ -114,7 +114,7 @@ def validate_sweep(spec: dict, where: str = "sweep") -> None:
         node: Any = base
         for part in key.lstrip("~").split("."):
             if not isinstance(node, dict) or part not in node:
-                raise ConfigError(unknown_key_message(key, fixed, where=context))
+                raise ConfigError(unknown_key_message(key.lstrip("~"), "...", base, where=context))
             node = node[part]
     # the values must compose too (types, group options): one sampled configuration, exactly as overrides
     sampled = sample(spec, random.Random(0))

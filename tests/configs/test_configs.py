@@ -15,7 +15,7 @@ from promptemb.common.cli import check_command_line, check_override_syntax, chec
 from promptemb.common.errors import ConfigError
 from promptemb.common.hydra_bridge import plain as resolved
 from promptemb.common.validation import COMPOSITION
-from promptemb.evaluation.settings import EvaluateSettings
+from promptemb.evaluation.settings import EncodeSettings, EvaluateSettings
 from promptemb.exporting.settings import ExportSettings
 from promptemb.training import run_dirs  # noqa: F401  (registers the promptemb.run_dir resolver train.yaml uses)
 from promptemb.training.settings import TrainSettings
@@ -121,14 +121,13 @@ def test_hydra_keys_and_the_keys_configs_carry_are_accepted(tmp_path):
 @pytest.mark.parametrize("entry, settings, overrides", [
     ("train", TrainSettings, ["experiment=quickstart_unsup"]),
     ("eval", EvaluateSettings, []),
-    ("encode", EvaluateSettings, []),
+    ("encode", EncodeSettings, []),
     ("export", ExportSettings, []),
 ])
 def test_a_key_no_config_has_is_refused_at_every_depth(entry, settings, overrides):
     """A `+key` Hydra accepts and the settings do not declare, at the top, in a group, in a `_target_` node, in a
     map of nodes: one line naming it and the closest valid key."""
-    nested = {"train": [("+extras.print_configs=true", r"^extras\.print_configs is not a parameter of the extras "
-                                                       r"group"),
+    nested = {"train": [("+extras.print_configs=true", r"^extras\.print_configs is not a key of the extras group"),
                         ("+hparams_search.n_trial=3", r"^hparams_search\.n_trial is not a key of the hparams_search "
                                                       r"group; did you mean hparams_search\.n_trials\?$"),
                         ("+data.batch_sizes=4", r"^data\.batch_sizes is not a parameter of TextLinesDataModule; did "
@@ -138,10 +137,10 @@ def test_a_key_no_config_has_is_refused_at_every_depth(entry, settings, override
                                                                         r"callbacks\.lr_monitor\?$"),
                         ("+expected_scores.tolerence=1", r"^expected_scores\.tolerence is not a key of "
                                                          r"expected_scores; did you mean expected_scores\.tolerance")],
-              "eval": [("+template.txt=x", r"^template\.txt is not a parameter of a template option; did you mean "
+              "eval": [("+template.txt=x", r"^template\.txt is not a key of a template option; did you mean "
                                            r"template\.text\?$")],
-              "export": [("+template.txt=x", r"^template\.txt is not a parameter of a template option")]}
-    name = {"train": "train.py", "eval": "evaluate.py", "encode": "evaluate.py", "export": "export.py"}[entry]
+              "export": [("+template.txt=x", r"^template\.txt is not a key of a template option")]}
+    name = {"train": "train.py", "eval": "evaluate.py", "encode": "promptemb-encode", "export": "export.py"}[entry]
     near, meant = ("ckpts", "ckpt") if entry == "export" else ("seeed", "seed")
     cases = [(f"+{near}=3", rf"^{near} is not a key of {re.escape(name)}'s config; did you mean {meant}\?$"),
              ("+typo=1", rf"^typo is not a key of {re.escape(name)}'s config; valid: "), *nested.get(entry, [])]
@@ -277,11 +276,17 @@ def test_optimizer_and_scheduler_configs_are_the_plain_adamw_and_warmup_schedule
     assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), plain.parameters(), strict=True))
 
 
-def test_encode_config_is_eval_in_encode_mode():
+def test_score_and_encode_each_have_a_config_of_exactly_their_settings_keys():
+    """One settings object per command: every key of eval.yaml is a field of `EvaluateSettings`, every key of
+    encode.yaml one of `EncodeSettings` and the reverse (so no key is read in one mode only); what both read
+    (the model, its template, the run's places) composes to the same values."""
     evaluate, encode = compose_config("eval", []), compose_config("encode", [])
+    keys = {name: {key for key in cfg if key != "hydra"} for name, cfg in (("eval", evaluate), ("encode", encode))}
+    assert keys["eval"] == set(EvaluateSettings.model_fields) - {"resolved"}
+    assert keys["encode"] == set(EncodeSettings.model_fields) - {"resolved"}
+    assert {"pooler", "input", "output"} <= keys["encode"] - keys["eval"]
+    assert {"poolers", "tasks", "post", "dims", "analysis"} <= keys["eval"] - keys["encode"]
     assert encode.mode == "encode" and evaluate.mode == "score"
-    evaluate.mode = "encode"
-    # everything but Hydra's own node (which names the primary config)
-    unresolved = [{key: value for key, value in OmegaConf.to_container(cfg, resolve=False).items() if key != "hydra"}
-                  for cfg in (encode, evaluate)]
-    assert unresolved[0] == unresolved[1]
+    shared = keys["eval"] & keys["encode"] - {"mode", "output_dir"}  # output_dir has a timestamp
+    assert {key: OmegaConf.to_container(encode, resolve=False)[key] for key in shared} == {
+        key: OmegaConf.to_container(evaluate, resolve=False)[key] for key in shared}

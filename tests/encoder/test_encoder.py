@@ -8,7 +8,7 @@ from transformers import AutoModel, BertForMaskedLM
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.loading import resolve_model_path
-from promptemb.encoder.model import Encoder
+from promptemb.encoder.model import Encoder, InferenceOptions
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler
 from tests.helpers import MINILM, assert_close_scaled
@@ -207,7 +207,7 @@ def test_onednn_linears_embed_what_plain_linears_embed(tiny_bert):
             assert_close_scaled(got[name], expected[name], FORWARD_TOL, msg=name)
     in_memory = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), plain.tokenizer, name="trained",
                                    batch_size=3)
-    in_memory.use_inference_options(parallel_batches=2, onednn_linears=True)
+    in_memory.use_inference_options(InferenceOptions(parallel_batches=2, onednn_linears=True))
     assert (in_memory.onednn_linears, in_memory.parallel_batches) == (linears, 2)
     assert_close_scaled(in_memory.embed(sentences, poolers[:1])["mean"], expected["mean"], FORWARD_TOL)
 
@@ -222,25 +222,25 @@ def test_inference_options_on_a_model_opened_from_memory(tiny_bert, tmp_path, mo
     encoder = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), tokenizer, name="trained")
     compiled = []
     monkeypatch.setattr(encoder.transformer, "compile", lambda **kwargs: compiled.append(kwargs))
-    encoder.use_inference_options(autocast="bf16", compile=True)
-    encoder.use_inference_options(autocast="bf16", compile=True)
+    encoder.use_inference_options(InferenceOptions(autocast="bf16", compile=True))
+    encoder.use_inference_options(InferenceOptions(autocast="bf16", compile=True))
     assert encoder.autocast == torch.bfloat16 and compiled == [{"dynamic": True, "options": {"freezing": True}}]
     assert encoder.describe()["compiled"] and encoder.describe()["autocast"] == "bf16"
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true runs batches one at a time"):
-        encoder.use_inference_options(compile=True, parallel_batches=2)
+        encoder.use_inference_options(InferenceOptions(compile=True, parallel_batches=2))
     path = save_tiny_decoder(tmp_path / "llama", "llama")
     decoder = Encoder(str(path), device="cpu", progress=False)
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true is for encoder models"):
-        decoder.use_inference_options(compile=True)
+        decoder.use_inference_options(InferenceOptions(compile=True))
     with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches>1 is for encoder models; .*: drop it$"):
-        decoder.use_inference_options(parallel_batches=2)  # decoders encode one batch at a time
+        decoder.use_inference_options(InferenceOptions(parallel_batches=2))  # decoders encode one batch at a time
     encoder = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), tokenizer, name="trained")
     encoder.device = torch.device("cuda")  # the check reads the device only: a GPU run emulated
     for options, key in (({"parallel_batches": 2}, "parallel_batches=2"), ({"onednn_linears": True},
                                                                           "onednn_linears=true")):
         with pytest.raises(ConfigError, match=rf"^backbone\.{key} speeds up encoding on the CPU; this encoder runs "
                                               r"on cuda: drop it$"):
-            encoder.use_inference_options(**options)
+            encoder.use_inference_options(InferenceOptions(**options))
 
 
 def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
@@ -257,7 +257,7 @@ def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
         Encoder(str(tiny_bert), device="cpu", autocast="bf16", onednn_linears=True)
     packed = Encoder(str(tiny_bert), device="cpu", onednn_linears=True)
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true packs the linears itself"):
-        packed.use_inference_options(compile=True)  # a later call keeps what an earlier one applied
+        packed.use_inference_options(InferenceOptions(compile=True))  # a later call keeps what an earlier one applied
     with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true is for encoder models"):
         Encoder(str(save_tiny_decoder(tmp_path / "llama", "llama")), device="cpu", onednn_linears=True)
 
@@ -271,17 +271,14 @@ def test_parallel_batches_out_of_range_or_with_compile_is_refused(tiny_bert):
 
 def test_autocast_and_parallel_batches_keys_are_checked_like_every_key():
     """evaluate.py's config check (the generic checker) reads the choices and the range from Encoder's hints."""
-    from promptemb.common.validation import check_value, parameter_hints
+    from promptemb.common.validation import check_node
 
-    hints = parameter_hints(Encoder)[0]
-    with pytest.raises(ConfigError, match=r"^backbone\.autocast='fp8' is not valid: autocast must be one of auto, "
-                                          r"bf16, none$"):
-        check_value("backbone.autocast", "fp8", hints["autocast"])
-    with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches=0 is out of range: parallel_batches must be "
-                                          r"an integer >= 1$"):
-        check_value("backbone.parallel_batches", 0, hints["parallel_batches"])
-    check_value("backbone.autocast", "bf16", hints["autocast"])
-    check_value("backbone.parallel_batches", 2, hints["parallel_batches"])
+    with pytest.raises(ConfigError, match=r"^backbone\.autocast='fp8': Input should be 'auto', 'bf16' or 'none'$"):
+        check_node("backbone.", {"autocast": "fp8"}, Encoder)
+    with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches=0: Input should be greater than or equal to "
+                                          r"1$"):
+        check_node("backbone.", {"parallel_batches": 0}, Encoder)
+    check_node("backbone.", {"autocast": "bf16", "parallel_batches": 2}, Encoder)
 
 
 def test_batch_spans_by_count_and_by_token_budget():
@@ -336,7 +333,8 @@ def test_max_batch_tokens_default_and_bad_values(tiny_bert, monkeypatch):
     with pytest.raises(ConfigError, match=r"^max_batch_tokens must be an integer >= 1, 'auto' or null, got 0$"):
         Encoder(str(tiny_bert), device="cpu", max_batch_tokens=0)
     hints = parameter_hints(Encoder)[0]
-    with pytest.raises(ConfigError, match=r"^backbone\.max_batch_tokens=0 "):
+    with pytest.raises(ConfigError, match=r"^backbone\.max_batch_tokens=0: Input should be greater than or equal to 1 "
+                                          r"or 'auto'$"):
         check_value("backbone.max_batch_tokens", 0, hints["max_batch_tokens"])
     for value in ("auto", None, 4096):
         check_value("backbone.max_batch_tokens", value, hints["max_batch_tokens"])

@@ -135,7 +135,7 @@ def test_checksum_mismatch_and_malformed_line(mini_data, tiny_bert, tmp_path):
      (["poolers=[mask]", """template.text='This sentence : "[X]" .'"""],
       r"pooler 'mask' needs a \[MASK\] in the template"),
      (["poolers=[avg]"], r"pooler 'avg' pools over a prompt-templated input; pass a template"),
-     (["mode=train"], r"unknown mode 'train'; valid: score, encode"),
+     (["mode=train"], r"mode='train': Input should be 'score'"),
      (["poolers=[token_avg]"], r"needs a named corpus .* pooler_args\.token_avg\.corpus=W")],
 )
 def test_config_errors(overrides, pattern, tiny_bert, real_data_root, tmp_path):

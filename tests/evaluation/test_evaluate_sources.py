@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from promptemb.common.errors import ConfigError
 from promptemb.common.hydra_bridge import plain
 from promptemb.evaluation.runner import run
-from promptemb.evaluation.settings import EvaluateSettings
+from promptemb.evaluation.settings import EncodeSettings, EvaluateSettings
 from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.training.runner import train
 from tests.conftest import REPO
@@ -44,10 +44,13 @@ def optiprompt_run(tiny_bert, real_data_root, tmp_path_factory) -> Path:
 
 
 def evaluate_in_process(model: Path, data_root: Path, out: Path, *overrides: str) -> dict:
-    cfg = compose_config("eval", [f"backbone.name_or_path={model}", f"data_root={data_root}", f"output_dir={out}",
-                                      f"tasks=[{TASK}]", "poolers=[mean]", "progress=false", "backbone.device=cpu",
-                                      *overrides])
-    return run(EvaluateSettings.model_validate(plain(cfg)))
+    """evaluate.py in this process: its score command, or with `mode=encode` its encode command (encode.yaml)."""
+    encode = "mode=encode" in overrides
+    scoring = [] if encode else [f"tasks=[{TASK}]", "poolers=[mean]"]
+    cfg = compose_config("encode" if encode else "eval", [
+        f"backbone.name_or_path={model}", f"data_root={data_root}", f"output_dir={out}", *scoring, "progress=false",
+        "backbone.device=cpu", *overrides])
+    return run((EncodeSettings if encode else EvaluateSettings).model_validate(plain(cfg)))
 
 
 @pytest.mark.slow

@@ -93,12 +93,9 @@ def test_evaluate_cli_scores_widths_and_refuses_a_wider_one(mini_data, tiny_bert
                           status=2)
 
 
-def test_dims_in_encode_mode_is_refused_as_a_score_mode_key(tmp_path):
+def test_dims_in_encode_mode_is_refused_as_a_key_of_the_score_command(tmp_path):
     from promptemb.common.cli import check_command_line
-    from promptemb.evaluation.command_line import check_mode_keys
 
-    with pytest.raises(ConfigError, match=r"^dims= is read in score mode only and this is encode mode \(it would be "
-                                          r"ignored\)$"):
-        check_command_line("evaluate", ["mode=encode", "dims=[8]", f"output_dir={tmp_path / 'out'}"],
-                           check_mode_keys("score"))
+    with pytest.raises(ConfigError, match=r"^'dims' is not a key of promptemb-encode's config"):
+        check_command_line("encode", ["mode=encode", "dims=[8]", f"output_dir={tmp_path / 'out'}"])
     assert not list(tmp_path.iterdir())

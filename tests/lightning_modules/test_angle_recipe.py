@@ -148,8 +148,9 @@ def tiny_odd_bert(tmp_path_factory):
 REFUSALS = [
     ("quickstart_angle", ["model.cln_w=1.0"], ConfigError,
      "model.cln_w=1.0 weighs AnglE's hard-negative term, which needs triplets; data.format=stsb gives scored pairs"),
-    ("quickstart_angle", ["model.angle_w=-0.5"], ConfigError, "model.angle_w=-0.5 is out of range"),
-    ("quickstart_angle", ["model.ibn_tau=0"], ConfigError, "model.ibn_tau=0 is out of range"),
+    ("quickstart_angle", ["model.angle_w=-0.5"], ConfigError,
+     "model.angle_w=-0.5: Input should be greater than or equal to 0"),
+    ("quickstart_angle", ["model.ibn_tau=0"], ConfigError, "model.ibn_tau=0: Input should be greater than 0"),
     ("quickstart_angle", ["model.cosine_w=0", "model.ibn_w=0", "model.angle_w=0"], ConfigError,
      "every AnglE loss weight is 0"),
     ("quickstart_angle", ["+model.grad_cache_chunk_size=4"], ConfigError,

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from promptemb.training.memory import TrainingOutOfMemoryError, is_out_of_memory, out_of_memory_is_one_line
 from tests.faults import run_entry
@@ -27,15 +26,16 @@ def test_what_counts_as_out_of_memory():
 
 
 def test_the_message_names_the_settings_that_use_less_memory():
-    cfg = OmegaConf.create({"data": {"batch_size": 512}, "model": {"grad_cache_chunk_size": None}})
-    with pytest.raises(TrainingOutOfMemoryError) as failed, out_of_memory_is_one_line(cfg, SimpleNamespace(
-            global_step=7)):
+    # what `trainer.fit` is fitting: the recipe's hyper-parameters and the datamodule, as the message reads them
+    recipe = SimpleNamespace(hparams=SimpleNamespace(grad_cache_chunk_size=None, gradient_checkpointing=False))
+    trainer = SimpleNamespace(global_step=7, datamodule=SimpleNamespace(batch_size=512), lightning_module=recipe)
+    with pytest.raises(TrainingOutOfMemoryError) as failed, out_of_memory_is_one_line(trainer):
         torch.empty(1 << 60, dtype=torch.uint8)
     message = str(failed.value)
     assert "\n" not in message and message.startswith("out of memory at step 7 ([enforce fail")
     assert "data.batch_size (now 512)" in message and "model.grad_cache_chunk_size=N" in message
     assert "model.gradient_checkpointing=true (now false)" in message
-    with pytest.raises(ValueError), out_of_memory_is_one_line(cfg, SimpleNamespace(global_step=7)):
+    with pytest.raises(ValueError), out_of_memory_is_one_line(trainer):
         raise ValueError("not about memory")  # anything else passes through
 
 
