@@ -59,9 +59,10 @@ def energy_hinge(anchors: torch.Tensor, positives: torch.Tensor, negatives: torc
 
 class CLSHeadPooler(Pooler):
     """e = tanh(W h_[CLS] + b): the supervised recipe's evaluation representation (the official sentemb_forward
-    without `mlp_only_train`)."""
+    without `mlp_only_train`). Named "cls" like the plain [CLS] pooler it replaces, as PromptBERTSup's headed [MASK]
+    pooler is named "mask": the recipe's representation, whose dev score selects the checkpoint."""
 
-    def __init__(self, head: MLPHead, name: str = "cls_mlp"):
+    def __init__(self, head: MLPHead, name: str = "cls"):
         super().__init__(name)
         self.head = head
 
@@ -80,6 +81,7 @@ class DCPCSE(PromptContrastiveModule):
     (triplets only, as the official code). See the module docstring."""
 
     requires_mask = False
+    template_views = 0  # the plain sentence: the template config gives none (template=none)
 
     @classmethod
     def check_config(cls, settings: dict) -> None:
@@ -98,11 +100,15 @@ class DCPCSE(PromptContrastiveModule):
 
     def __init__(self, model_name_or_path: str, pre_seq_len: AtLeastOne = 16, prefix_projection: bool = False,
                  prefix_hidden_size: AtLeastOne = 512, mlp_only_train: bool = True,
-                 eh_loss_weight: NonNegative = 0.0, eh_loss_margin: NonNegative = 0.2,
-                 templates: list[str] = (PLAIN_TEMPLATE,), **kwargs):
+                 eh_loss_weight: NonNegative = 0.0, eh_loss_margin: NonNegative = 0.2, **kwargs):
         type(self).check_config(kwargs)
         kwargs.setdefault("denoise", False)
-        super().__init__(model_name_or_path, list(templates), **kwargs)
+        # a checkpoint's hyper_parameters record the base's template arguments: only the plain input is valid
+        templates, eval_template = list(kwargs.pop("templates", [PLAIN_TEMPLATE])), kwargs.pop("eval_template", None)
+        if templates != [PLAIN_TEMPLATE] or eval_template not in (None, PLAIN_TEMPLATE):
+            raise ConfigError(f"DCPCSE prompts through its prefixes on the plain sentence ({PLAIN_TEMPLATE!r}), not "
+                              f"through template words: got templates={templates!r}, eval_template={eval_template!r}")
+        super().__init__(model_name_or_path, [PLAIN_TEMPLATE], **kwargs)
         config = self.transformer.config
         check_deep_prompt_model(config)
         self.transformer.requires_grad_(False)

@@ -135,7 +135,7 @@ def test_supervised_loss_with_energy_hinge_and_gradients_equal_the_official(requ
     want.backward()
     theirs = {name: p.grad.clone() for name, p in reference.named_parameters() if p.requires_grad}
     hinge = energy_hinge(anchors, positives, negatives, 0.2)
-    assert float(hinge) > 0  # the hinge term is active: the comparison covers it
+    assert float(hinge.detach()) > 0  # the hinge term is active: the comparison covers it
     assert_close_scaled(loss, want, RTOL, msg="loss")
     assert_tensors_close(ours, theirs, RTOL)
     assert sorted(ours) == ["deep_prompt.embedding.weight", "mlp.dense.bias", "mlp.dense.weight"]
@@ -234,3 +234,57 @@ def test_positions_start_after_the_prefix(tiny_bert):
     handle.remove()
     expected = list(range(5, 5 + ids.shape[1]))
     assert [row.tolist() for row in seen] == [[expected], [expected]]
+
+
+# ---- train.py: the experiments through the real Trainer, and what is refused before any model loads ----------------
+
+def dcpcse_command(name, model_dir, root, out, *extra):
+    return [f"experiment={name}", f"backbone.name_or_path={model_dir}", f"data_root={root}", f"output_dir={out}",
+            "data.batch_size=4", "trainer.max_steps=2", "eval_every_n_steps=2",
+            "callbacks.sts_evaluation.final_tasks=[STSBenchmark]", *extra]
+
+
+@pytest.mark.parametrize(("name", "model"), [("quickstart_dcpcse_unsup", "tiny_bert"),
+                                             ("quickstart_dcpcse_sup", "tiny_roberta")])
+def test_the_quickstarts_train_score_and_reload(request, name, model, real_data_root, tmp_path):
+    import json
+
+    from promptemb.lightning_modules.checkpoint import load_module_checkpoint
+    from promptemb.training.runner import train
+    from tests.training.test_train import checked, compose_train
+
+    model_dir = request.getfixturevalue(model)
+    out = tmp_path / "run"
+    cfg = compose_train(dcpcse_command(name, model_dir, real_data_root, out))
+    trainer = train(checked(cfg))
+    assert trainer.state.finished and trainer.global_step == 2
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["scores"]) == {"cls", "avg"}
+    best = next((out / "checkpoints").glob("step*.ckpt"))
+    loaded = load_module_checkpoint(best).module
+    supervised = name.endswith("_sup")
+    assert isinstance(loaded, DCPCSE) and loaded.deep_prompt.length == (12 if supervised else 16)
+    assert loaded.hparams.eh_loss_weight == (10.0 if supervised else 0.0)
+    assert isinstance(loaded.eval_poolers()[0], CLSHeadPooler if supervised else CLSPooler)
+    # the checkpoint holds the trained prefixes and MLP: a fresh module differs from the reloaded one
+    fresh = DCPCSE(str(model_dir), pre_seq_len=loaded.deep_prompt.length)
+    assert not torch.equal(fresh.deep_prompt.embedding.weight, loaded.deep_prompt.embedding.weight)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["+model.gradient_checkpointing=true"], "DCPCSE does not train with activation checkpointing"),
+    (["model.pre_seq_len=0"], "model.pre_seq_len=0 is out of range"),
+    (["model.eh_loss_weight=-1"], "model.eh_loss_weight=-1 is out of range"),
+    (["trainer.compile=true"], "trainer.compile=true"),
+])
+def test_bad_settings_are_one_line_before_loading(overrides, message, real_data_root, tmp_path, monkeypatch):
+    import promptemb.encoder.loading as loading
+    from tests.training.test_train import checked, compose_train
+
+    monkeypatch.setattr(loading, "load_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    cfg = compose_train(["experiment=quickstart_dcpcse_sup", f"data_root={real_data_root}",
+                         f"output_dir={tmp_path / 'run'}", *overrides])
+    with pytest.raises(ConfigError) as caught:
+        checked(cfg)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert not (tmp_path / "run").exists()
