@@ -56,7 +56,7 @@ def check_template(container: dict, recipe: str | None) -> None:
     name = recipe.rsplit(".", 1)[-1]
     if views == 0:
         raise ConfigError(f"{name} prompts without a template (the plain sentence) but the template config gives "
-                          f"{template.get('text')!r}: use template=none")
+                          f"{template.get('text')!r}; valid here: template=none")
     wanted = ("a pair of templates (template.text, template.second_text)" if views == 2
               else "one template (template.text)")
     got = {0: "no template", 1: "one template", 2: "a pair of templates"}[len(given)]
