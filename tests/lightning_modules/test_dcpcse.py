@@ -2,6 +2,7 @@
 dcpcse_reference.py: YJiangcm/DCPCSE at 4b319380fa13d018811dd0631bcbeee838c3218e on transformers 4.2.1's attention,
 written out) in embeddings, losses and gradients; only the prefixes and the MLP train; bad settings are one line."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -246,17 +247,22 @@ def dcpcse_command(name, model_dir, root, out, *extra):
 
 @pytest.mark.parametrize(("name", "model"), [("quickstart_dcpcse_unsup", "tiny_bert"),
                                              ("quickstart_dcpcse_sup", "tiny_roberta")])
-def test_the_quickstarts_train_score_and_reload(request, name, model, real_data_root, tmp_path):
+def test_the_quickstarts_train_score_reload_and_export(request, name, model, real_data_root, tmp_path):
+    """train.py with the real Trainer, the best checkpoint reloaded, and its export: the framework's export loader,
+    `load_encoder` on the checkpoint and sentence-transformers on the export directory give the embeddings the run
+    scored (the module's evaluation encoder with its [CLS] pooler)."""
     import json
 
+    from promptemb.exporting.runner import export_checkpoint
+    from promptemb.inference.prompt_encoder import load_encoder
     from promptemb.lightning_modules.checkpoint import load_module_checkpoint
     from promptemb.training.runner import train
+    from tests.exporting.test_export import assert_same_embeddings, framework_embeddings, sentence_transformer
     from tests.training.test_train import checked, compose_train
 
     model_dir = request.getfixturevalue(model)
     out = tmp_path / "run"
-    cfg = compose_train(dcpcse_command(name, model_dir, real_data_root, out))
-    trainer = train(checked(cfg))
+    trainer = train(checked(compose_train(dcpcse_command(name, model_dir, real_data_root, out))))
     assert trainer.state.finished and trainer.global_step == 2
     results = json.loads((out / "results.json").read_text())
     assert set(results["scores"]) == {"cls", "avg"}
@@ -266,9 +272,27 @@ def test_the_quickstarts_train_score_and_reload(request, name, model, real_data_
     assert isinstance(loaded, DCPCSE) and loaded.deep_prompt.length == (12 if supervised else 16)
     assert loaded.hparams.eh_loss_weight == (10.0 if supervised else 0.0)
     assert isinstance(loaded.eval_poolers()[0], CLSHeadPooler if supervised else CLSPooler)
-    # the checkpoint holds the trained prefixes and MLP: a fresh module differs from the reloaded one
+    # the checkpoint holds the trained prefixes: a fresh module's differ
     fresh = DCPCSE(str(model_dir), pre_seq_len=loaded.deep_prompt.length)
     assert not torch.equal(fresh.deep_prompt.embedding.weight, loaded.deep_prompt.embedding.weight)
+
+    sentences = SENTENCES + ["short", "a very long sentence " * 20]  # lengths 1 .. past max_sentence_tokens
+    reference = framework_embeddings(loaded, sentences)
+    exported = export_checkpoint(best, tmp_path / "export")
+    record = json.loads((exported / "config.json").read_text())["promptemb"]
+    assert record["pooler"]["name"] == "cls" and (record["pooler"]["head"] is not None) == supervised
+    assert record["deep_prompt"]["length"] == loaded.deep_prompt.length
+    assert record["template"] == "[X]" and record["prefix_ids"] == record["suffix_ids"] == []
+    assert "promptemb_deep_prompt.safetensors" in record["weights_sha256"]
+    for got in (load_encoder(exported).encode(sentences), load_encoder(best).encode(sentences),
+                sentence_transformer(exported).encode(sentences, batch_size=3, convert_to_numpy=True)):
+        assert_same_embeddings(got, reference)
+    # without its prefixes the exported transformer gives other embeddings: the export carries them
+    plain = load_encoder(exported)
+    plain.deep_prompt.detach()
+    assert not np.allclose(plain.encode(sentences), reference, atol=1e-3)
+    avg = export_checkpoint(best, tmp_path / "avg", pooler="avg")
+    assert_same_embeddings(load_encoder(avg).encode(sentences), framework_embeddings(loaded, sentences, 1))
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
