@@ -213,7 +213,7 @@ def test_refusals_of_models_and_lengths(tiny_bert):
         check_deep_prompt_model(BertConfig(position_embedding_type="relative_key"))
     with pytest.raises(ConfigError, match="leaves no room"):
         DCPCSE(str(tiny_bert), pre_seq_len=127)  # the tiny BERT has 128 positions
-    with pytest.raises(ConfigError, match="trainer.compile"):
+    with pytest.raises(ConfigError, match=r"trainer\.compile"):
         DCPCSE.check_compile({})
     prompt = DeepPrompt(DeepPromptConfig(length=2, num_layers=5, num_heads=4, hidden_size=32))
     module = build(tiny_bert)
@@ -276,7 +276,7 @@ def test_the_quickstarts_train_score_reload_and_export(request, name, model, rea
     fresh = DCPCSE(str(model_dir), pre_seq_len=loaded.deep_prompt.length)
     assert not torch.equal(fresh.deep_prompt.embedding.weight, loaded.deep_prompt.embedding.weight)
 
-    sentences = SENTENCES + ["short", "a very long sentence " * 20]  # lengths 1 .. past max_sentence_tokens
+    sentences = [*SENTENCES, "short", "a very long sentence " * 20]  # lengths 1 .. past max_sentence_tokens
     reference = framework_embeddings(loaded, sentences)
     exported = export_checkpoint(best, tmp_path / "export")
     record = json.loads((exported / "config.json").read_text())["promptemb"]
