@@ -287,6 +287,16 @@ def test_the_quickstarts_train_score_reload_and_export(request, name, model, rea
     for got in (load_encoder(exported).encode(sentences), load_encoder(best).encode(sentences),
                 sentence_transformer(exported).encode(sentences, batch_size=3, convert_to_numpy=True)):
         assert_same_embeddings(got, reference)
+    # what evaluate.py opens (a checkpoint, a run folder, an export): the trained model's own [CLS] pooler
+    from promptemb.inference.model_sources import open_trained_model
+
+    for source in (best, out, exported):
+        trained = open_trained_model(str(source), device="cpu")
+        pooler = trained.poolers[0]
+        assert pooler.name == "cls"
+        got = trained.encoder.embed(sentences, [pooler], trained.template, trained.sentence_rule,
+                                    trained.max_sentence_tokens)["cls"]
+        assert_same_embeddings(got, reference)
     # without its prefixes the exported transformer gives other embeddings: the export carries them
     plain = load_encoder(exported)
     plain.deep_prompt.detach()
