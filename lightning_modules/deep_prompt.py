@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -167,7 +168,9 @@ class DeepPrompt(nn.Module):
                 if isinstance(module, nn.Linear):
                     nn.init.zeros_(module.bias)
         self._handles: list = []
-        self._layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        # The prefixes drawn for the forward in flight, per thread: the CPU encoder may run batches of different
+        # sizes in threads on the same model (`backbone.parallel_batches`); released when the model's forward ends.
+        self._layers: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def length(self) -> int:
@@ -205,6 +208,7 @@ class DeepPrompt(nn.Module):
         attention = self_attention_modules(transformer)
         self.detach()
         self._handles.append(embeddings.register_forward_pre_hook(self._embeddings_hook, with_kwargs=True))
+        self._handles.append(transformer.register_forward_hook(self._release, always_call=True))
         for index, module in enumerate(attention):
             self._handles.append(module.register_forward_pre_hook(self._attention_hook(index), with_kwargs=True))
 
@@ -212,7 +216,7 @@ class DeepPrompt(nn.Module):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._layers = None
+        self._layers.clear()
 
     def _embeddings_hook(self, module, args, kwargs):
         """Once per forward: draw the batch's prefixes and start the tokens' positions after them."""
@@ -224,7 +228,7 @@ class DeepPrompt(nn.Module):
         source = kwargs.get("input_ids")
         if source is None:
             source = kwargs["inputs_embeds"]
-        self._layers = self.key_values(source.shape[0])
+        self._layers[threading.get_ident()] = self.key_values(source.shape[0])
         if kwargs.get("position_ids") is None:
             # the model's own default positions, started after the prefix: what transformers 4.x did with
             # past_key_values_length = P (BERT: P..P+L-1; RoBERTa: cumsum of non-padding + P, padding at padding_idx)
@@ -233,15 +237,19 @@ class DeepPrompt(nn.Module):
             kwargs["position_ids"] = kwargs["position_ids"] + self.config.length
         return args, kwargs
 
+    def _release(self, module, args, output):
+        self._layers.pop(threading.get_ident(), None)
+
     def _attention_hook(self, index: int):
         def hook(module, args, kwargs):
             if kwargs.get("cache") is not None:
                 raise ValueError("deep prompts cannot extend a model call that already has cached key/values")
             if len(args) > 1:
                 raise ValueError("deep prompts expect the attention mask as a keyword argument")
-            if self._layers is None:
+            layers = self._layers.get(threading.get_ident())
+            if layers is None:
                 raise RuntimeError("deep prompt: self-attention ran before the embeddings drew the prefixes")
-            key, value = self._layers[index]
+            key, value = layers[index]
             kwargs["cache"] = PrefixCache(key, value)
             kwargs["attention_mask"] = extend_attention_mask(kwargs.get("attention_mask"), self.config.length)
             return args, kwargs

@@ -142,6 +142,18 @@ def test_supervised_loss_with_energy_hinge_and_gradients_equal_the_official(requ
     assert sorted(ours) == ["deep_prompt.embedding.weight", "mlp.dense.bias", "mlp.dense.weight"]
 
 
+def test_batches_encoded_in_parallel_threads_get_their_own_prefixes(tiny_bert):
+    """`backbone.parallel_batches`: batches of different sizes run at once on the same hooked model."""
+    module = build(tiny_bert)
+    sentences = SENTENCES * 5 + ["short"]
+    encoder = module.evaluation_encoder(batch_size=3)
+    sequential = encoder.embed(sentences, [module.pooler], Template("[X]"))["cls"]
+    encoder.use_inference_options(parallel_batches=2)
+    parallel = encoder.embed(sentences, [module.pooler], Template("[X]"))["cls"]
+    assert_close_scaled(parallel, sequential, RTOL)
+    assert module.deep_prompt._layers == {}  # released after each forward
+
+
 def test_only_the_prefixes_and_the_mlp_change(tiny_bert):
     module = build(tiny_bert).train()
     before = {name: p.detach().clone() for name, p in module.named_parameters()}
