@@ -26,7 +26,12 @@ from promptemb.common.bounds import AtLeastOne, NonNegative
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.lightning_modules.base import PromptContrastiveModule
-from promptemb.lightning_modules.deep_prompt import DeepPrompt, DeepPromptConfig, check_deep_prompt_model
+from promptemb.lightning_modules.deep_prompt import (
+    DeepPrompt,
+    DeepPromptConfig,
+    check_deep_prompt_model,
+    local_model_config,
+)
 from promptemb.lightning_modules.heads import MLPHead
 from promptemb.lightning_modules.losses import gather_with_grad, info_nce
 from promptemb.poolers import build_pooler
@@ -89,6 +94,8 @@ class DCPCSE(PromptContrastiveModule):
             if settings.get(key):
                 raise ConfigError(f"model.{key}={settings[key]}: DCPCSE does not train with {what}; drop model.{key}")
         super().check_config(settings)
+        if (config := local_model_config(settings.get("model_name_or_path"))) is not None:
+            check_deep_prompt_model(config)  # a local model's family, read before its weights load
 
     @classmethod
     def check_compile(cls, settings: dict) -> None:
@@ -101,7 +108,7 @@ class DCPCSE(PromptContrastiveModule):
     def __init__(self, model_name_or_path: str, pre_seq_len: AtLeastOne = 16, prefix_projection: bool = False,
                  prefix_hidden_size: AtLeastOne = 512, mlp_only_train: bool = True,
                  eh_loss_weight: NonNegative = 0.0, eh_loss_margin: NonNegative = 0.2, **kwargs):
-        type(self).check_config(kwargs)
+        type(self).check_config({**kwargs, "model_name_or_path": model_name_or_path})
         kwargs.setdefault("denoise", False)
         # a checkpoint's hyper_parameters record the base's template arguments: only the plain input is valid
         templates, eval_template = list(kwargs.pop("templates", [PLAIN_TEMPLATE])), kwargs.pop("eval_template", None)

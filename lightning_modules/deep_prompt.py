@@ -26,16 +26,21 @@ import json
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from promptemb.common.errors import ConfigError
+from promptemb.common.errors import ConfigError, UserError
+from promptemb.encoder.loading import resolve_model_path
 
 #: Where an export keeps the prefixes (safetensors) and their configuration (JSON).
 DEEP_PROMPT_FILE = "promptemb_deep_prompt.safetensors"
 DEEP_PROMPT_CONFIG = "promptemb_deep_prompt.json"
+
+#: Model families the prefixes are implemented and tested for: the official code's (BertForCL, RobertaForCL).
+FAMILIES = ("bert", "roberta")
 
 #: Attention implementations whose 4D masks the hook extends (boolean for SDPA, additive for eager).
 SUPPORTED_ATTENTION = ("eager", "sdpa")
@@ -125,17 +130,34 @@ def self_attention_modules(transformer: nn.Module) -> list[nn.Module]:
     return modules
 
 
+def local_model_config(name_or_path) -> SimpleNamespace | None:
+    """The config.json of a local model (directory or `package:MODULE`) as attributes, read without loading it; None
+    for anything else (a Hub name: the loaded model is checked instead)."""
+    if not isinstance(name_or_path, str):
+        return None
+    try:
+        directory = Path(resolve_model_path(name_or_path)).expanduser()
+        values = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (UserError, OSError, ValueError):
+        return None
+    return SimpleNamespace(**values) if isinstance(values, dict) else None
+
+
 def check_deep_prompt_model(config) -> None:
     """What a model must be for the prefixes to mean what DCPCSE's do; each refusal is one line, before weights load
     where the caller has only the config."""
+    family = getattr(config, "model_type", None)
+    if family not in FAMILIES:
+        raise ConfigError(f"deep prompts (DCPCSE) are implemented for {' and '.join(FAMILIES)} encoders, the official "
+                          f"code's families; the model is {family}")
     if getattr(config, "is_decoder", False) or getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"deep prompts extend an encoder's bidirectional self-attention; {config.model_type} is "
                           "configured as a decoder, whose cached key/values the prefixes cannot extend")
     if getattr(config, "position_embedding_type", "absolute") != "absolute":
         raise ConfigError(f"deep prompts shift absolute position ids; position_embedding_type="
                           f"{config.position_embedding_type} is not supported")
-    implementation = getattr(config, "_attn_implementation", None) or "eager"
-    if implementation not in SUPPORTED_ATTENTION:
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation is not None and implementation not in SUPPORTED_ATTENTION:
         raise ConfigError(f"deep prompts extend the attention masks of {' and '.join(SUPPORTED_ATTENTION)} attention, "
                           f"not {implementation!r}")
 

@@ -216,11 +216,23 @@ def test_unsupported_settings_are_refused_before_loading(settings, message):
         DCPCSE("no/such/model", **settings)  # refused before the model path is looked at
 
 
+def test_a_decoder_is_refused_before_its_weights_load(tmp_path, monkeypatch):
+    import promptemb.encoder.loading as loading
+    from tests.decoder_helpers import save_tiny_decoder
+
+    decoder = save_tiny_decoder(tmp_path / "llama", "llama", layers=1, hidden=16)
+    monkeypatch.setattr(loading, "load_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ConfigError, match=r"implemented for bert and roberta encoders.*the model is llama"):
+        DCPCSE(str(decoder))
+
+
 def test_refusals_of_models_and_lengths(tiny_bert):
     from transformers import BertConfig
 
     with pytest.raises(ConfigError, match="configured as a decoder"):
         check_deep_prompt_model(BertConfig(is_decoder=True))
+    with pytest.raises(ConfigError, match="not 'flash_attention_2'"):
+        check_deep_prompt_model(BertConfig(attn_implementation="flash_attention_2"))
     with pytest.raises(ConfigError, match="position_embedding_type=relative_key"):
         check_deep_prompt_model(BertConfig(position_embedding_type="relative_key"))
     with pytest.raises(ConfigError, match="leaves no room"):
