@@ -62,6 +62,19 @@ def energy_hinge(anchors: torch.Tensor, positives: torch.Tensor, negatives: torc
     return torch.clamp(margin - to_positives.diagonal() + hardest, min=0).mean()
 
 
+def dcpcse_objective(anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor | None,
+                     temperature: float, eh_loss_weight: float, eh_loss_margin: float) -> torch.Tensor:
+    """InfoNCE, plus `eh_loss_weight` × the energy-based hinge loss when there are hard negatives, both on the global
+    batch (every rank's rows gathered, this rank's slice differentiable), as the official cl_forward gathers z1, z2,
+    z3 before both. The caller scales what it back-propagates by the world size, as for InfoNCE."""
+    loss = info_nce(anchors, positives, temperature, negatives)
+    if negatives is not None and eh_loss_weight > 0:
+        hinge = energy_hinge(gather_with_grad(anchors), gather_with_grad(positives), gather_with_grad(negatives),
+                             eh_loss_margin)
+        loss = loss + eh_loss_weight * hinge
+    return loss
+
+
 class CLSHeadPooler(Pooler):
     """e = tanh(W h_[CLS] + b): the supervised recipe's evaluation representation (the official sentemb_forward
     without `mlp_only_train`). Named "cls" like the plain [CLS] pooler it replaces, as PromptBERTSup's headed [MASK]
@@ -156,13 +169,9 @@ class DCPCSE(PromptContrastiveModule):
         return pooled[:, 0], pooled[:, 1], pooled[:, 2] if members == 3 else None
 
     def contrastive_objective(self, anchors, positives, negatives):
-        """InfoNCE, plus the energy-based hinge loss on the global batch when there are hard negatives."""
-        loss = info_nce(anchors, positives, self.hparams.temperature, negatives)
-        if negatives is not None and self.hparams.eh_loss_weight > 0:
-            hinge = energy_hinge(gather_with_grad(anchors), gather_with_grad(positives), gather_with_grad(negatives),
-                                 self.hparams.eh_loss_margin)
-            loss = loss + self.hparams.eh_loss_weight * hinge
-        return loss
+        hparams = self.hparams
+        return dcpcse_objective(anchors, positives, negatives, hparams.temperature, hparams.eh_loss_weight,
+                                hparams.eh_loss_margin)
 
     def eval_poolers(self) -> list[Pooler]:
         return [self.eval_pooler, build_pooler("avg")]
