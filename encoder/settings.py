@@ -50,9 +50,12 @@ def check_template(container: dict, recipe: str | None) -> None:
                               ") or template.second_text=null")
         return
     views = getattr(import_target(recipe), "template_views", None)  # not importable: Hydra reports it when building
-    if views is None or (len(given) == views and "text" in given):
+    if views is None or (len(given) == views and "text" in given) or (views == 0 and not given):
         return
     name = recipe.rsplit(".", 1)[-1]
+    if views == 0:
+        raise ConfigError(f"{name} prompts without a template (the plain sentence) but the template config gives "
+                          f"{template.get('text')!r}; valid here: template=none")
     wanted = ("a pair of templates (template.text, template.second_text)" if views == 2
               else "one template (template.text)")
     got = {0: "no template", 1: "one template", 2: "a pair of templates"}[len(given)]

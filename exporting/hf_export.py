@@ -1,5 +1,6 @@
 """The Hugging Face part of an export: transformer + tokenizer via `save_pretrained`, the `promptemb` record in
-config.json, and the extra trained tensors (supervised head, OptiPrompt soft template) as safetensors files. A decoder
+config.json, and the extra trained tensors (supervised head, OptiPrompt soft template, DCPCSE
+prefixes) as safetensors files. A decoder
 that keeps its LoRA adapter writes the base model's config.json (no base weights: the record names the base model and
 its weights sha256) and peft's adapter files in `adapter/`."""
 
@@ -30,6 +31,8 @@ def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:
     if record["soft_template"] is not None:
         save_file({"vectors": encoder.soft_template.vectors.detach().cpu().contiguous()},
                   directory / record["soft_template"]["file"])
+    if record.get("deep_prompt") is not None:
+        encoder.deep_prompt.save(directory)
     record["weights_sha256"] = weight_files_sha256(directory)
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))

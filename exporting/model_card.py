@@ -12,6 +12,9 @@ def describe_pooler(record: dict) -> str:
                 "last token of the filled template (PromptEOL-style)")
     if pooler["name"] == "avg":
         return f"`avg`: mean of layer {pooler['layer']} over all tokens of the templated input (template included)"
+    if pooler["name"] == "cls":
+        text = f"`cls`: layer {pooler['layer']} state at [CLS], the model attending over its deep prompts (DCPCSE)"
+        return text + (", through the trained head tanh(W x + b)" if pooler["head"] else "")
     text = f"`mask`: layer {pooler['layer']} state at the template's [MASK]"
     if pooler["head"] and pooler["head"].get("after_denoise"):
         return text + (", minus the template bias (template denoising: the [MASK] state of the template alone with "
@@ -29,6 +32,10 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
     soft = "no"
     if record["soft_template"]:
         soft = f"yes, {record['soft_template']['size']} trained vectors written into the input embeddings"
+    deep = "no"
+    if record.get("deep_prompt"):
+        deep = (f"yes, {record['deep_prompt']['length']} trained key/value positions prepended to every layer's "
+                "self-attention, the tokens' positions starting after them")
     if record.get("decoder"):
         layout = ("A prompt-based sentence embedding of a decoder (causal LM). The sentence fills the template, which "
                   "is tokenized as one string with the tokenizer's own special tokens; only the sentence is truncated "
@@ -54,6 +61,7 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
         f"* template: `{record['template']}` (sentence rule: `{record['sentence_rule']}`)",
         f"* pooler: {describe_pooler(record)}",
         f"* soft template (OptiPrompt): {soft}",
+        f"* deep prompts (DCPCSE): {deep}",
         *([f"* LoRA adapter kept (`{adapter['dir']}/`, peft): applied to base model `{adapter['base_model']}`, "
            f"whose weights must hash to sha256 `{adapter['base_weights_sha256']}`; needs `pip install peft`"]
           if adapter else []),

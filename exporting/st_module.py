@@ -13,6 +13,9 @@ only torch, transformers and sentence-transformers. It re-implements, minimally,
                                position ids after the prefix shifted by the sentence length n;
 * poolers/mask.py, mean.py     [MASK] mean (optionally through the MLM-transform head, minus the bias) and `avg`;
 * lightning_modules/soft_template.py   OptiPrompt's soft template written into `inputs_embeds`;
+* lightning_modules/deep_prompt.py     DCPCSE's prefixes: keys/values in front of every layer's self-attention (its
+                               `cache` argument), the 4D mask extended, the tokens' positions started after them;
+                               [CLS] pooling (through the trained tanh head when there is one);
 * encoder/decoder.py           decoders: the sentence cut to its first `max_sentence_tokens` tokens (at that token's
                                character offset), the sentence rule, the filled template stripped and tokenized as
                                ONE string framed by the tokenizer's own special ids, padding on the recorded side,
@@ -51,6 +54,17 @@ def apply_sentence_rule(sentence: str, rule: str) -> str:
         if sentence.endswith("?"):
             sentence = sentence[:-1] + "."
     return sentence
+
+
+class PrefixCache:
+    """A self-attention module's `cache`: `update` returns the prefix keys/values in front of the tokens' own."""
+
+    def __init__(self, key: torch.Tensor, value: torch.Tensor):
+        self.key, self.value = key, value
+
+    def update(self, key_states, value_states, layer_idx=None, *args, **kwargs):
+        return (torch.cat([self.key.to(key_states.dtype), key_states], dim=2),
+                torch.cat([self.value.to(value_states.dtype), value_states], dim=2))
 
 
 def special_frame(tokenizer) -> tuple[list[int], list[int]]:
@@ -122,7 +136,7 @@ class PromptEncoderModule(InputModule):
         self.pooler_name, self.layer, self.denoise = pooler["name"], int(pooler["layer"]), bool(pooler["denoise"])
         hidden = self.model.config.hidden_size
         self.head, self.head_after_denoise = None, False
-        if pooler.get("head") and self.pooler_name == "mask":
+        if pooler.get("head") and self.pooler_name in ("mask", "cls"):
             if pooler["head"].get("type") == "tanh_mlp":
                 self.head, self.head_after_denoise = TanhMLPHead(hidden), bool(pooler["head"].get("after_denoise"))
             else:
@@ -132,10 +146,56 @@ class PromptEncoderModule(InputModule):
         if record.get("soft_template"):
             vectors = load_file(os.path.join(model_dir, record["soft_template"]["file"]))["vectors"]
             self.soft_vectors = nn.Parameter(vectors, requires_grad=False)
+        self.deep_prompt = record.get("deep_prompt")
+        if self.deep_prompt:
+            self._attach_deep_prompt(model_dir)
         template_ids = torch.tensor(self.prefix_ids + self.suffix_ids, dtype=torch.long)
         self.register_buffer("template_is_mask", template_ids == self.tokenizer.mask_token_id, persistent=False)
         padding_idx = getattr(getattr(self.model, "embeddings", None), "padding_idx", None)
         self.position_base = 0 if padding_idx is None else int(padding_idx) + 1
+
+    def _attach_deep_prompt(self, model_dir: str) -> None:
+        """The prefixes (inference: no dropout) as buffers [2·layers, heads, P, d], hooked into the model."""
+        with open(os.path.join(model_dir, self.deep_prompt["config"]), encoding="utf-8") as handle:
+            self.deep_prompt_config = json.load(handle)
+        self.deep_prompt_state = load_file(os.path.join(model_dir, self.deep_prompt["file"]))
+        config, state = self.deep_prompt_config, self.deep_prompt_state
+        if config["projection"]:
+            hidden = torch.tanh(state["embedding.weight"] @ state["trans.0.weight"].T + state["trans.0.bias"])
+            prefixes = hidden @ state["trans.2.weight"].T + state["trans.2.bias"]
+        else:
+            prefixes = state["embedding.weight"]
+        heads, length = config["num_heads"], config["length"]
+        shaped = prefixes.view(length, 2 * config["num_layers"], heads, config["hidden_size"] // heads)
+        self.register_buffer("prefix_key_values", shaped.permute(1, 2, 0, 3).contiguous(), persistent=False)
+        self.model.embeddings.register_forward_pre_hook(self._prefix_positions, with_kwargs=True)
+        for index, layer in enumerate(self.model.encoder.layer):
+            layer.attention.self.register_forward_pre_hook(self._prefix_attention(index), with_kwargs=True)
+
+    def _prefix_positions(self, module, args, kwargs):
+        source = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs["inputs_embeds"]
+        self._batch_size = source.shape[0]
+        length = self.deep_prompt_config["length"]
+        if kwargs.get("position_ids") is None:
+            kwargs["cache_length"] = length  # the model's default positions, started after the prefix
+        else:
+            kwargs["position_ids"] = kwargs["position_ids"] + length
+        return args, kwargs
+
+    def _prefix_attention(self, index: int):
+        def hook(module, args, kwargs):
+            shape = (self._batch_size, *self.prefix_key_values.shape[1:])
+            key = self.prefix_key_values[2 * index].expand(shape)
+            value = self.prefix_key_values[2 * index + 1].expand(shape)
+            kwargs["cache"] = PrefixCache(key, value)
+            mask = kwargs.get("attention_mask")
+            if mask is not None:  # [B, 1, Lq, Lk]: the prefix columns visible (True / 0.0)
+                front = torch.ones if mask.dtype == torch.bool else torch.zeros
+                kwargs["attention_mask"] = torch.cat(
+                    [front((*mask.shape[:-1], self.deep_prompt_config["length"]), dtype=mask.dtype,
+                           device=mask.device), mask], dim=-1)
+            return args, kwargs
+        return hook
 
     def _init_decoder(self, model_dir: str, model_kwargs: dict) -> None:
         """A causal LM: `model_kwargs["promptemb_base_model"]` points a kept adapter at its base model when the
@@ -150,7 +210,7 @@ class PromptEncoderModule(InputModule):
         self.max_seq_length = int(record["max_length"])
         self.max_sentence_tokens = int(record["max_sentence_tokens"])
         self.pooler_name, self.layer, self.denoise = record["pooler"]["name"], int(record["pooler"]["layer"]), False
-        self.head, self.head_after_denoise, self.soft_vectors = None, False, None
+        self.head, self.head_after_denoise, self.soft_vectors, self.deep_prompt = None, False, None, None
         self.template_prefix, self.template_suffix = record["template"].split("[X]")
         self.special_prefix = list(self.decoder["special_prefix_ids"])
         self.special_suffix = list(self.decoder["special_suffix_ids"])
@@ -207,6 +267,11 @@ class PromptEncoderModule(InputModule):
         if self.soft_vectors is not None:
             save_file({"vectors": self.soft_vectors.detach().contiguous()},
                       os.path.join(output_path, self.record["soft_template"]["file"]))
+        if self.deep_prompt:
+            save_file({k: v.contiguous() for k, v in self.deep_prompt_state.items()},
+                      os.path.join(output_path, self.deep_prompt["file"]))
+            with open(os.path.join(output_path, self.deep_prompt["config"]), "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(self.deep_prompt_config, indent=2) + "\n")
 
     def get_embedding_dimension(self) -> int:
         return int(self.model.config.hidden_size)
@@ -343,6 +408,8 @@ class PromptEncoderModule(InputModule):
         states = self.run(input_ids, attention_mask, template, index)
         if self.pooler_name == "avg":
             embedding = self.masked_mean(states, attention_mask)
+        elif self.pooler_name == "cls":
+            embedding = states[:, 0] if self.head is None else self.head(states[:, 0])
         else:
             embedding = self.masked_mean(states, template & (input_ids == self.tokenizer.mask_token_id))
             head = self.head if self.head is not None else nn.Identity()

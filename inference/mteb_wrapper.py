@@ -52,8 +52,9 @@ def declared_training_datasets(source: dict) -> set[str] | None:
 
 
 def parameter_count(encoder: PromptEncoder) -> int:
-    """Every weight the embedding uses: the transformer (with a kept LoRA adapter), the head, the soft template."""
-    parts = [encoder.transformer, encoder.head, encoder.soft_template]
+    """Every weight the embedding uses: the transformer (with a kept LoRA adapter), the head, the soft template, the
+    deep prompts."""
+    parts = [encoder.transformer, encoder.head, encoder.soft_template, encoder.deep_prompt]
     return sum(p.numel() for part in parts if part is not None for p in part.parameters())
 
 

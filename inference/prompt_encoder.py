@@ -30,15 +30,18 @@ from promptemb.lightning_modules.checkpoint import (
     module_class_path,
     read_checkpoint,
 )
+from promptemb.lightning_modules.dcpcse import CLSHeadPooler
+from promptemb.lightning_modules.deep_prompt import DEEP_PROMPT_CONFIG, DEEP_PROMPT_FILE, DeepPrompt
 from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
 from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
+from promptemb.poolers.cls import CLSPooler
 from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
 from promptemb.poolers.mask import MaskPooler
 from promptemb.poolers.mean import MeanPooler
 
 FORMAT_VERSION = 1
-POOLERS = ("mask", "avg", "last_token")
+POOLERS = ("mask", "avg", "last_token", "cls")
 #: the one pooler a decoder (causal LM) exports: its template's last token
 DECODER_POOLER = "last_token"
 #: `adapter=` of a LoRA-recipe checkpoint: fold the adapter into full weights, or keep it as peft files on the base
@@ -109,6 +112,7 @@ class PromptEncoder:
         head: torch.nn.Module | None = None,
         head_after_denoise: bool = False,
         soft_template: SoftTemplate | None = None,
+        deep_prompt: DeepPrompt | None = None,
         max_length: int | None = None,
         max_sentence_tokens: int | None = None,
         batch_size: int = 64,
@@ -118,9 +122,18 @@ class PromptEncoder:
     ):
         """Decoders: `pooler="last_token"` (the template's last token at `layer`), `padding_side` as the framework's
         decoder inputs (embeddings do not depend on it), `adapter` the record of a kept LoRA adapter (base model
-        name and weights sha256) when `transformer` is a peft model."""
+        name and weights sha256) when `transformer` is a peft model. `deep_prompt`: DCPCSE's prefixes, attached to
+        `transformer` here (its forwards attend over them); `pooler="cls"` is its [CLS] (through `head` if given)."""
         if pooler not in POOLERS:
             raise ConfigError(f"unknown export pooler {pooler!r}; valid: {', '.join(POOLERS)}")
+        if pooler == "cls" and deep_prompt is None:
+            raise ConfigError("pooler=cls is the [CLS] of a model trained with deep prompts (DCPCSE); this model has "
+                              "none: use pooler=mask or avg")
+        if deep_prompt is not None and pooler not in ("cls", "avg"):
+            raise ConfigError(f"a model with deep prompts (DCPCSE) exports pooler=cls or avg, not {pooler}")
+        self.deep_prompt = deep_prompt
+        if deep_prompt is not None:
+            deep_prompt.attach(transformer)
         self.template = Template(template)
         self.sentence_rule = sentence_rule
         self.pooler_name = pooler
@@ -143,8 +156,10 @@ class PromptEncoder:
                               "of an export: export a plain last-token template")
         self.builder = self.encoder.input_builder(InputForm(self.template, sentence_rule, max_sentence_tokens))
         self.max_sentence_tokens = self.builder.max_sentence_tokens
-        if pooler == "mask":
-            self.pooler: Pooler = MaskPooler("mask", layer=layer, denoise=self.denoise, head=head,
+        if pooler == "cls":
+            self.pooler: Pooler = CLSPooler("cls", layer) if head is None else CLSHeadPooler(head)
+        elif pooler == "mask":
+            self.pooler = MaskPooler("mask", layer=layer, denoise=self.denoise, head=head,
                                              head_after_denoise=head_after_denoise)
         elif pooler == "avg":
             self.pooler = MeanPooler("avg", layers=(layer,), templated=True)
@@ -161,7 +176,7 @@ class PromptEncoder:
         return self.encoder.tokenizer
 
     def to(self, device: str | torch.device) -> PromptEncoder:
-        for part in (self.encoder.transformer, self.head, self.soft_template):
+        for part in (self.encoder.transformer, self.head, self.soft_template, self.deep_prompt):
             if part is not None:
                 part.to(device)
         self.encoder.device = torch.device(device)
@@ -255,6 +270,9 @@ class PromptEncoder:
             },
             "soft_template": None if self.soft_template is None else {"file": SOFT_TEMPLATE_FILE,
                                                                       "size": len(self.soft_template.vectors)},
+            "deep_prompt": None if self.deep_prompt is None else {
+                "file": DEEP_PROMPT_FILE, "config": DEEP_PROMPT_CONFIG, "length": self.deep_prompt.length,
+                "positions": "token positions start after the prefix (transformers 4.x with past_key_values)"},
             "source": self.source,
         }
 
@@ -296,6 +314,16 @@ class PromptEncoder:
         """The module's primary evaluation pooler (its [MASK] pooler, denoised and with a head as the module scores
         checkpoints), or `pooler="avg"`; `denoise` overrides the [MASK] pooler's denoising."""
         primary = module.eval_poolers()[0]
+        deep_prompt = getattr(module, "deep_prompt", None)
+        if deep_prompt is not None:  # DCPCSE: its [CLS] (with the MLP as it scores checkpoints) or avg
+            name = pooler or "cls"
+            return cls(
+                module.transformer, module.tokenizer, template=module.eval_template.text,
+                sentence_rule=module.hparams.sentence_rule, pooler=name, layer=-1,
+                head=getattr(primary, "head", None) if name == "cls" else None, deep_prompt=deep_prompt,
+                max_length=module.max_length, max_sentence_tokens=None, batch_size=batch_size,
+                source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
+                        "base_model": module.hparams.model_name_or_path, **(source or {})})
         if not isinstance(primary, MaskPooler):
             raise ConfigError(f"{type(module).__name__}'s primary evaluation pooler is not a [MASK] pooler")
         name = pooler or "mask"
@@ -397,7 +425,7 @@ class PromptEncoder:
         tokenizer = AutoTokenizer.from_pretrained(directory)
         spec = record["pooler"]
         head, head_after_denoise = None, False
-        if spec.get("head") and (pooler or spec["name"]) == "mask":
+        if spec.get("head") and (pooler or spec["name"]) in ("mask", "cls"):
             if spec["head"].get("type") == "tanh_mlp":
                 head = MLPHead(transformer.config.hidden_size)
                 head_after_denoise = bool(spec["head"].get("after_denoise"))
@@ -412,10 +440,11 @@ class PromptEncoder:
                                 transformer.get_input_embeddings())
             soft.load_state_dict(load_file(directory / record["soft_template"]["file"]))
             soft.to(device).eval()
+        deep = DeepPrompt.load(directory).to(device).eval() if record.get("deep_prompt") else None
         encoder = cls(transformer, tokenizer, template=record["template"], sentence_rule=record["sentence_rule"],
                       pooler=pooler or spec["name"], layer=spec["layer"], denoise=spec["denoise"], head=head,
                       head_after_denoise=head_after_denoise,
-                      soft_template=soft, max_length=record["max_length"],
+                      soft_template=soft, deep_prompt=deep, max_length=record["max_length"],
                       max_sentence_tokens=record["max_sentence_tokens"], batch_size=batch_size,
                       source={**record.get("source", {}), "export_dir": str(directory.resolve()), **verification})
         if encoder.builder.prefix_ids != record["prefix_ids"] or encoder.builder.suffix_ids != record["suffix_ids"]:

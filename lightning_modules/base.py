@@ -70,8 +70,11 @@ class NonFiniteLossError(DivergenceError):
 
 
 class PromptContrastiveModule(pl.LightningModule):
-    #: How many templates (views) the recipe trains with: the length of `templates` it accepts.
+    #: How many templates (views) the recipe trains with: the length of `templates` it accepts; 0: none from the
+    #: template config, the recipe reads the plain sentence (`templates` is then its one input form, `[X]`).
     template_views: int = 1
+    #: Whether the recipe reads a [MASK] slot (its templates and the tokenizer must have one); DCPCSE pools [CLS].
+    requires_mask: bool = True
 
     @classmethod
     def check_config(cls, settings: dict) -> None:
@@ -114,14 +117,14 @@ class PromptContrastiveModule(pl.LightningModule):
         type(self).check_config({"denoise": denoise, "freeze_bias": freeze_bias, "matryoshka_dims": matryoshka_dims,
                                  "matryoshka_weights": matryoshka_weights})
         name = type(self).__name__
-        if len(templates) != self.template_views or not all(isinstance(text, str) for text in templates):
+        if len(templates) != max(1, self.template_views) or not all(isinstance(text, str) for text in templates):
             raise ConfigError(f"{name} trains with {self.template_views} template(s), got {list(templates)!r}")
         self.templates = [Template(text) for text in templates]
         self.eval_template = Template(eval_template or templates[0])
-        for template in [*self.templates, self.eval_template]:
+        for template in [*self.templates, self.eval_template] if self.requires_mask else ():
             template.require_mask(type(self).__name__)
         self.tokenizer, model, self.loading_info = load_pretrained(model_name_or_path, mlm_head=load_mlm_head)
-        if self.tokenizer.mask_token_id is None:
+        if self.requires_mask and self.tokenizer.mask_token_id is None:
             raise ConfigError(f"model {model_name_or_path!r} has no [MASK] token; prompt-based training needs one")
         # from_pretrained returns eval mode and Lightning keeps each submodule's mode: dropout must be on in training.
         model.train()

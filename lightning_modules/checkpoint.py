@@ -23,6 +23,7 @@ MODULE_CLASSES = {
     "promptemb.lightning_modules.optiprompt.OptiPrompt",
     "promptemb.lightning_modules.prompteol.PromptEOLSup",
     "promptemb.lightning_modules.angle_recipe.AnglE",
+    "promptemb.lightning_modules.dcpcse.DCPCSE",
 }
 #: Recipes whose checkpoints hold only a LoRA adapter: rebuilt by their own loader, which checks the base model.
 ADAPTER_CLASSES = {
