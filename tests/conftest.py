@@ -5,6 +5,14 @@ from pathlib import Path
 
 import pytest
 
+# Inductor's on-disk caches (torch 2.13) do not key a compiled graph by the vector ISA it was built for, and that ISA
+# follows ATEN_CPU_CAPABILITY: a kernel compiled in a run held to AVX2 and loaded by a later run at the CPU's own
+# AVX-512 (or the reverse) gave wrong values in half the elements or aborted. One cache folder per capability keeps
+# the suite's variants (docs/limits.md) from reading each other's kernels; an explicit TORCHINDUCTOR_CACHE_DIR wins.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"torchinductor-promptemb-tests-{os.getuid()}",
+    os.environ.get("ATEN_CPU_CAPABILITY") or "native"))  # before torch is imported
+
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.model_store import models_root
 from tests.helpers import reference_runner, save_tiny_bert, save_tiny_roberta, write_mini_senteval

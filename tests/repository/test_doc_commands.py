@@ -71,8 +71,8 @@ COMPOSE_ONLY = re.compile(r"trainer=(gpu|ddp)\b|experiment=(promptbert_unsup|pro
 #: ... but a bench command that builds its model (`--random-bert`) and reads the local corpus (`data=local_text`)
 #: downloads nothing whatever its recipe: it runs, shortened.
 RUNS_LOCALLY = ("--random-bert ", "data=local_text")
-#: evaluate.py: what needs a GPU or a download (a 7B decoder, sharded over GPUs) -> composed only.
-COMPOSE_ONLY_EVAL = re.compile(r"name_or_path=meta-llama/|device_map=auto")
+#: evaluate.py: what needs a GPU or a download (a 7B decoder, sharded over GPUs; a fetched decoder) -> composed only.
+COMPOSE_ONLY_EVAL = re.compile(r"name_or_path=meta-llama/|device_map=auto|name_or_path=model:smollm2-135m-instruct")
 #: A shortened CPU run of train.py: tiny model, 2 steps, dev scoring at 0 and 2, the final table on one task.
 TRAIN_SHORT = {"backbone.name_or_path": "{tiny}", "trainer.max_steps": "2", "eval_every_n_steps": "2",
                "data.batch_size": "4", "data.max_examples": "16",
