@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,9 +27,8 @@ from promptemb.lightning_modules.angle_objective import AnglEObjective
 from promptemb.lightning_modules.angle_recipe import AnglE
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.training.runner import train
-from tests.conftest import REPO
 from tests.helpers import save_tiny_bert
-from tests.training.test_ddp import free_port
+from tests.training.test_ddp import single_and_two_ranks
 from tests.training.test_train import checked, compose_train
 
 PAIRS = [("a man plays a guitar", "a person plays music"), ("a dog runs outside", "an animal is moving"),
@@ -199,14 +196,8 @@ def test_single_sentences_and_an_odd_width_are_refused(real_data_root, tmp_path,
 def test_two_ranks_equal_one_process_on_the_joined_batch(tmp_path):
     """Embeddings and scores gathered over 2 gloo ranks: the loss and (DDP-averaged, world-size-scaled) gradient of
     one process on the joined batch, for scored pairs and triplets."""
-    out, worker = str(tmp_path / "result"), str(REPO / "tests" / "angle_ddp_worker.py")
-    subprocess.run([sys.executable, worker, "0", "1", "0", f"{out}-single"], check=True, timeout=120)
-    port = free_port()
-    ranks = [subprocess.Popen([sys.executable, worker, str(r), "2", str(port), f"{out}-ddp"]) for r in range(2)]
-    assert [p.wait(timeout=120) for p in ranks] == [0, 0]
-    single = torch.load(f"{out}-single.0")
-    for rank in range(2):
-        ddp = torch.load(f"{out}-ddp.{rank}")
+    single, ranks = single_and_two_ranks("angle_ddp_worker.py", str(tmp_path / "result"))
+    for ddp in ranks:
         for kind in ("pairs", "triplets"):
             torch.testing.assert_close(ddp[kind]["loss"], single[kind]["loss"], rtol=1e-6, atol=1e-7)
             torch.testing.assert_close(ddp[kind]["grad"], single[kind]["grad"], rtol=1e-5, atol=1e-7)

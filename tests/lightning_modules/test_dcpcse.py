@@ -352,19 +352,9 @@ def test_two_ranks_equal_one_process_on_the_joined_batch(tmp_path):
     """Anchors, positives and hard negatives gathered over 2 gloo ranks: InfoNCE plus the energy-based hinge loss and
     the (DDP-averaged, world-size-scaled) gradient equal one process's on the joined batch, as the official code
     gathers before both."""
-    import subprocess
-    import sys
+    from tests.training.test_ddp import single_and_two_ranks
 
-    from tests.conftest import REPO
-    from tests.training.test_ddp import free_port
-
-    out, worker = str(tmp_path / "result"), str(REPO / "tests" / "dcpcse_ddp_worker.py")
-    subprocess.run([sys.executable, worker, "0", "1", "0", f"{out}-single"], check=True, timeout=120)
-    port = free_port()
-    ranks = [subprocess.Popen([sys.executable, worker, str(r), "2", str(port), f"{out}-ddp"]) for r in range(2)]
-    assert [p.wait(timeout=120) for p in ranks] == [0, 0]
-    single = torch.load(f"{out}-single.0")
-    for rank in range(2):
-        ddp = torch.load(f"{out}-ddp.{rank}")
+    single, ranks = single_and_two_ranks("dcpcse_ddp_worker.py", str(tmp_path / "result"))
+    for ddp in ranks:
         torch.testing.assert_close(ddp["loss"], single["loss"], rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(ddp["grad"], single["grad"], rtol=1e-5, atol=1e-7)

@@ -19,16 +19,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_equal_one_process_on_joined_batch(tmp_path):
-    out = str(tmp_path / "result")
-    worker = str(REPO / "tests" / "ddp_worker.py")
-    subprocess.run([sys.executable, worker, "0", "1", "0", f"{out}-single"], check=True, timeout=120)
+def single_and_two_ranks(worker: str, out: str) -> tuple[dict, list[dict]]:
+    """Run the worker script `tests/<worker>` (argv: rank, world size, port, output prefix) as one process and as 2
+    gloo ranks; what the single process and each rank saved."""
+    script = str(REPO / "tests" / worker)
+    subprocess.run([sys.executable, script, "0", "1", "0", f"{out}-single"], check=True, timeout=120)
     port = free_port()
-    ranks = [subprocess.Popen([sys.executable, worker, str(r), "2", str(port), f"{out}-ddp"]) for r in range(2)]
+    ranks = [subprocess.Popen([sys.executable, script, str(r), "2", str(port), f"{out}-ddp"]) for r in range(2)]
     assert [p.wait(timeout=120) for p in ranks] == [0, 0]
-    single = torch.load(f"{out}-single.0")
-    for rank in range(2):
-        ddp = torch.load(f"{out}-ddp.{rank}")
+    return torch.load(f"{out}-single.0"), [torch.load(f"{out}-ddp.{rank}") for rank in range(2)]
+
+
+def test_two_ranks_equal_one_process_on_joined_batch(tmp_path):
+    single, ranks = single_and_two_ranks("ddp_worker.py", str(tmp_path / "result"))
+    for ddp in ranks:
         # float64 but for InfoNCE's fp32 logits, which every process computes from the same gathered [8, D] batch
         # with the same kernels on this machine: the same bits; the rest differs by float64 round-off only
         torch.testing.assert_close(ddp["loss"], single["loss"], rtol=1e-12, atol=1e-12)
