@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from promptemb.common.errors import ConfigError
+from promptemb.encoder.model import InferenceOptions
 from promptemb.encoder.template import Template
 from promptemb.lightning_modules.dcpcse import DCPCSE, CLSHeadPooler, energy_hinge
 from promptemb.lightning_modules.deep_prompt import (
@@ -148,7 +149,7 @@ def test_batches_encoded_in_parallel_threads_get_their_own_prefixes(tiny_bert):
     sentences = SENTENCES * 5 + ["short"]
     encoder = module.evaluation_encoder(batch_size=3)
     sequential = encoder.embed(sentences, [module.pooler], Template("[X]"))["cls"]
-    encoder.use_inference_options(parallel_batches=2)
+    encoder.use_inference_options(InferenceOptions(parallel_batches=2))
     parallel = encoder.embed(sentences, [module.pooler], Template("[X]"))["cls"]
     assert_close_scaled(parallel, sequential, RTOL)
     assert module.deep_prompt._layers == {}  # released after each forward
@@ -331,8 +332,8 @@ def test_the_quickstarts_train_score_reload_and_export(request, name, model, rea
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["+model.gradient_checkpointing=true"], "DCPCSE does not train with activation checkpointing"),
-    (["model.pre_seq_len=0"], "model.pre_seq_len=0 is out of range"),
-    (["model.eh_loss_weight=-1"], "model.eh_loss_weight=-1 is out of range"),
+    (["model.pre_seq_len=0"], "model.pre_seq_len=0: Input should be greater than or equal to 1"),
+    (["model.eh_loss_weight=-1"], "model.eh_loss_weight=-1: Input should be greater than or equal to 0"),
     (["trainer.compile=true"], "trainer.compile=true"),
 ])
 def test_bad_settings_are_one_line_before_loading(overrides, message, real_data_root, tmp_path, monkeypatch):
