@@ -17,10 +17,10 @@ def check_overrides(overrides: list[str]) -> None:
     from promptemb.common.cli import check_command_line
     from promptemb.common.hydra_bridge import compose
     from promptemb.common.validation import COMPOSITION
-    from promptemb.training.command_line import check_experiment_overrides, check_train_only_keys
+    from promptemb.training.command_line import check_train_only_keys
     from promptemb.training.settings import TrainSettings
 
-    check_command_line("train", overrides, check_experiment_overrides, check_train_only_keys)
+    check_command_line("train", overrides, check_train_only_keys)
     TrainSettings.model_validate(compose("train", overrides), context=COMPOSITION)
 
 

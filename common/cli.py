@@ -13,7 +13,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.hydra_bridge import compose_config, compose_run_dir, plain, unknown_key
-from promptemb.common.overrides import first_of_sweeps
+from promptemb.common.overrides import first_of_sweeps, parse_overrides, sweep_values
 from promptemb.common.validation import COMPOSITION, Settings, UnknownKeyError, check_writable_dir
 from promptemb.configs import CONFIG_DIR
 
@@ -202,8 +202,12 @@ def check_override_keys(entry: str, argv: list[str], settings: type[Settings] | 
         return
     overrides = [arg for arg in argv if not arg.startswith(("-", "hydra.", "hydra/"))]
     try:
-        overrides = first_of_sweeps(overrides) if flags else overrides
+        if flags:  # Hydra composes the jobs one by one: a missing option would end the sweep at its job
+            check_sweep_options(entry, overrides)
+            overrides = first_of_sweeps(overrides)
         composed = compose_config(CONFIG_NAMES[entry], overrides)
+    except ConfigError:  # a sweep's missing option
+        raise
     except MissingConfigException as err:  # Hydra names the missing option and lists its group's options
         group, _, name = (err.missing_cfg_file or "").rpartition("/")
         if group and err.options:
@@ -225,6 +229,15 @@ def check_override_keys(entry: str, argv: list[str], settings: type[Settings] | 
             raise
         except Exception:  # a value a job refuses, or one that resolves only in the job: the jobs report it
             pass
+
+
+def check_sweep_options(entry: str, overrides: list[str]) -> None:
+    """Every option a multirun sweeps over in a config group (`experiment=a,b`, `template=choice(...)`) exists."""
+    for override in parse_overrides(overrides):
+        group = override.key_or_group
+        for name in sweep_values(override) if (CONFIG_DIR / group).is_dir() else ():
+            if name not in (options := group_options(group)):
+                raise ConfigError(unknown_option_message(group, name, entry, options))
 
 
 def check_run_dir_before_hydra(config_name: str, argv: list[str]) -> None:

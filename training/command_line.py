@@ -1,7 +1,7 @@
 """`train.py` / `promptemb-train`: train a prompt-based sentence encoder (`promptemb-train experiment=NAME`).
 
-The command line is checked before Hydra composes it: an unknown experiment is one line listing the valid ones, and a
-`backbone.*` key that training would ignore is refused (unknown keys and options: common/cli.py). Hydra's job name is
+The command line is checked before Hydra composes it: a `backbone.*` key that training would ignore is refused
+(unknown keys, experiments and other options, every value of a sweep included: common/cli.py). Hydra's job name is
 set to `train` in configs/train.yaml, so the run folder's log is train.log whichever way the command is started."""
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ import hydra
 from omegaconf import DictConfig
 
 from promptemb.common import cli
-from promptemb.common.cli import MULTIRUN_FLAGS
 from promptemb.common.errors import ConfigError, exit_on_user_error
 from promptemb.common.hydra_bridge import compose, compose_config, plain, resolved_values, running_context
-from promptemb.common.overrides import parse_overrides, sweep_values
 from promptemb.common.run_context import FROM_PYTHON, RunContext
 from promptemb.common.run_folder import nothing_left_on_user_error
 from promptemb.configs import CONFIG_DIR
@@ -73,25 +71,7 @@ def compose_train(overrides: list[str]) -> DictConfig:
 
 
 def experiment_names() -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
-
-
-def check_experiment_overrides(argv: list[str]) -> None:
-    """Fail with one line listing the valid names when `experiment=NAME` names no config (under -m, every name of
-    a sweep such as `experiment=a,b`)."""
-    multirun = any(arg in MULTIRUN_FLAGS for arg in argv)
-    for arg in argv:
-        if arg.lstrip("+").startswith("experiment="):
-            names = [arg.split("=", 1)[1]]
-            if multirun:
-                try:
-                    names = sweep_values(parse_overrides([arg])[0]) or names
-                except Exception:  # a syntax error: Hydra reports it
-                    return
-            for name in names:
-                if name not in experiment_names():
-                    raise ConfigError(f"unknown experiment {name!r}; valid experiments: "
-                                      f"{', '.join(experiment_names())}")
+    return cli.group_options("experiment")
 
 
 def check_train_only_keys(argv: list[str]) -> None:
@@ -151,7 +131,7 @@ def main() -> None:
     """train.py / promptemb-train: the command line checked before Hydra composes the config and creates the run
     folder (one `error:` line), then Hydra runs `train_task` (with what was checked before it, if anything)."""
     argv = sys.argv[1:]
-    exit_on_user_error(cli.check_command_line)("train", argv, check_experiment_overrides, check_train_only_keys,
+    exit_on_user_error(cli.check_command_line)("train", argv, check_train_only_keys,
                                                 settings=TrainSettings)
     before = exit_on_user_error(check_run_before_hydra)(argv)
 

@@ -17,13 +17,13 @@ from promptemb.common.errors import ConfigError
 from promptemb.common.validation import check_node, check_value, parameter_hints
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 from promptemb.lightning_modules.schedules import linear_warmup_decay
-from promptemb.training.command_line import check_experiment_overrides, check_train_only_keys
+from promptemb.training.command_line import check_train_only_keys
 from promptemb.training.trainer import Trainer
 from tests.faults import listing, run_entry
 from tests.helpers import assert_one_line_error
 from tests.run_faults import fast_overrides, train_py
 
-ENTRY_CHECKS = {"train": (check_experiment_overrides, check_train_only_keys), "evaluate": (), "encode": (),
+ENTRY_CHECKS = {"train": (check_train_only_keys,), "evaluate": (), "encode": (),
                 "export": ()}
 
 

@@ -12,13 +12,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from promptemb.common.cli import check_override_keys
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.hydra_bridge import plain
 from promptemb.data.datamodules import TextLinesDataModule
 from promptemb.data.training_corpora import read_nli_csv, read_text_lines, sick_triplets
 from promptemb.lightning_modules.base import NonFiniteLossError
 from promptemb.lightning_modules.promptbert import PromptBERTSup, PromptBERTUnsup
-from promptemb.training.command_line import check_experiment_overrides, experiment_names
+from promptemb.training.command_line import experiment_names
 from promptemb.training.runner import best_dev_score, train
 from promptemb.training.settings import TrainSettings
 from tests.conftest import REPO
@@ -237,14 +238,18 @@ def test_multirun_unknown_key_is_one_line_naming_it():
         "prefix it with '+' (+model.learning_rate=...) only if it is really a new key"]
 
 
-def test_multirun_experiment_sweeps_check_every_name():
-    check_experiment_overrides(["-m", "experiment=quickstart_unsup,optiprompt", "optimizer.lr=1e-5,2e-5"])
-    check_experiment_overrides(["-m", "experiment=choice(quickstart_unsup,quickstart_sup)"])
-    with pytest.raises(ConfigError, match=rf"unknown experiment 'nope'; valid experiments: "
-                                          rf"{', '.join(experiment_names())}$"):
-        check_experiment_overrides(["-m", "experiment=quickstart_unsup,nope"])
-    with pytest.raises(ConfigError, match=r"unknown experiment 'a,b'"):  # without -m a comma is part of the name
-        check_experiment_overrides(["experiment=a,b"])
+def test_multirun_sweeps_check_every_option_of_every_group():
+    """Hydra composes a sweep's jobs one by one: a missing option would end the sweep at its job, so every value of
+    a group's sweep is checked before the first job (experiments and any other group)."""
+    check_override_keys("train", ["-m", "experiment=quickstart_unsup,optiprompt", "optimizer.lr=1e-5,2e-5"])
+    check_override_keys("train", ["-m", "experiment=choice(quickstart_unsup,quickstart_sup)"])
+    valid = ", ".join(experiment_names())
+    with pytest.raises(ConfigError, match=rf"^train.py: there is no experiment 'nope' "
+                                          rf"\(configs/experiment/nope.yaml\); valid experiment: {valid}$"):
+        check_override_keys("train", ["-m", "experiment=quickstart_unsup,nope"])
+    with pytest.raises(ConfigError, match=r"there is no template 'promptbert_bret'.*did you mean "
+                                          r"template=promptbert_bert\?"):
+        check_override_keys("train", ["-m", "experiment=quickstart_unsup", "template=promptbert_bert,promptbert_bret"])
 
 
 def test_unknown_experiment_lists_valid_ones():
@@ -253,7 +258,8 @@ def test_unknown_experiment_lists_valid_ones():
     # every experiment config, listed from configs/experiment/ (the AnglE ones included)
     assert "quickstart_angle" in experiment_names() and "quickstart_unsup" in experiment_names()
     valid = ", ".join(experiment_names())
-    assert proc.stderr.strip() == f"error: unknown experiment 'nope'; valid experiments: {valid}"
+    assert proc.stderr.strip() == (f"error: train.py: there is no experiment 'nope' (configs/experiment/nope.yaml); "
+                                   f"valid experiment: {valid}")
 
 
 def test_template_without_mask_is_a_config_error(tiny_bert):
