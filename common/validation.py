@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from hydra.utils import get_object
-from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
-from pydantic_core import PydanticKnownError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
 from typing_extensions import NotRequired, TypedDict
 
 from promptemb.common.errors import ConfigError
@@ -94,11 +94,19 @@ def _foreign(arm) -> bool:
                                           or issubclass(arm, Path))
 
 
-def _finite(value: Any) -> Any:
-    """No NaN or infinity, even where the hint allows anything."""
+def _finite(value: Any, path: str = "") -> Any:
+    """No NaN or infinity at any depth, even where the hint allows anything (an open map such as `pooler_args`,
+    whose keys their owners check when they build: a non-finite number would reach them unrefused)."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise PydanticKnownError("finite_number")
+        raise PydanticCustomError("finite_number", "Input should be a finite number" + " (at {path})" * bool(path),
+                                  {"path": path})
+    for name, item in value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ():
+        _finite(item, f"{path}.{name}".lstrip("."))
     return value
+
+
+#: A map whose keys are checked where it is used (`pooler_args`, ...), its numbers finite at any depth.
+OpenMap = Annotated[dict, AfterValidator(_finite)]
 
 
 class _NotAChoice:
@@ -130,7 +138,7 @@ def yaml_hint(hint):
     if hint in (list, tuple) or origin in (list, tuple, Sequence):
         return list[yaml_hint(args[0]) if args else Any]
     if hint is dict or origin in (dict, Mapping):
-        return dict
+        return OpenMap
     if isinstance(hint, type) and issubclass(hint, Path):
         return str
     return hint if hint in (bool, int, float, str, None, type(None)) else Annotated[Any, BeforeValidator(_finite)]

@@ -20,6 +20,7 @@ from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import (
     COMPOSITION,
+    OpenMap,
     Settings,
     check_device,
     check_readable_file,
@@ -61,7 +62,7 @@ class ModelSettings(Settings):
     paths: RunPaths
     backbone: dict
     template: TemplateSettings
-    pooler_args: dict
+    pooler_args: OpenMap
     fit_corpus: str
     task_registry: str | None
     max_sentence_tokens: AtLeastOne | None
@@ -127,10 +128,10 @@ class EvaluateSettings(ModelSettings):
     tasks: list[str]
     poolers: list[str]
     post: list[str]
-    post_args: dict
+    post_args: OpenMap
     analysis: bool
-    transfer_args: dict = Field(default_factory=dict)
-    clustering_args: dict = Field(default_factory=dict)
+    transfer_args: OpenMap = Field(default_factory=dict)
+    clustering_args: OpenMap = Field(default_factory=dict)
     dims: list[AtLeastOne] = Field(default_factory=list)
 
     @property

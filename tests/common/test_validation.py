@@ -282,3 +282,25 @@ def test_declared_hints_name_parameters_their_owner_takes(monkeypatch):
             assert parameter_hints(owner)[0][name] is hint
             arms = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
             assert any(typing.get_origin(arm) in (typing.Annotated, typing.Literal) for arm in arms), (owner, name)
+
+
+@pytest.mark.parametrize("value, where", [(float("nan"), ""), ([1.0, float("inf")], " (at 1)"),
+                                          ({"a": {"b": -float("inf")}}, " (at a.b)")])
+def test_a_non_finite_number_is_refused_at_any_depth(value, where):
+    """An open map's keys are checked by their owners when they build; its numbers are checked here, at any depth."""
+    with pytest.raises(ConfigError, match=rf"^k=.*: Input should be a finite number{re.escape(where)}$"):
+        check_value("k", value)
+    check_value("k", {"a": [1.0, {"b": 2}], "c": "nan"})  # finite numbers and strings pass
+
+
+def test_open_maps_refuse_a_non_finite_number_before_any_work():
+    from promptemb.common.hydra_bridge import compose
+    from promptemb.common.validation import COMPOSITION
+
+    with pytest.raises(ConfigError, match=r"^pooler_args=\{'contrastive_prompting': \{'coeff': nan\}\}: Input should "
+                                          r"be a finite number \(at contrastive_prompting.coeff\)$"):
+        EvaluateSettings.model_validate(compose("eval", ["+pooler_args.contrastive_prompting.coeff=nan"]),
+                                        context=COMPOSITION)
+    with pytest.raises(ConfigError, match=r"^callbacks.sts_evaluation.pooler_args=.*: Input should be a finite "
+                                          r"number \(at ditto.head\)$"):
+        checked(compose_train(["experiment=quickstart_unsup", "+callbacks.sts_evaluation.pooler_args.ditto.head=inf"]))
