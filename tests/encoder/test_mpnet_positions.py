@@ -11,7 +11,7 @@ state. `relative_positions_from_ids` (used by every forward of the library) comp
 
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer, MPNetConfig, MPNetModel
+from transformers import AutoModel, AutoTokenizer
 
 from promptemb.encoder.folded_forward import attention_mask_4d
 from promptemb.encoder.forward import position_base, relative_positions_from_ids, template_bias, template_only_batch
@@ -22,22 +22,12 @@ TEMPLATE = 'This sentence : "[X]" means [MASK] .'
 TOL = 1e-5  # float32 forwards of the same values in other shapes
 
 
-def tiny_mpnet(vocab_size: int) -> MPNetModel:
-    torch.manual_seed(0)
-    config = MPNetConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=130, hidden_dropout_prob=0.0,
-                         attention_probs_dropout_prob=0.0)
-    model = MPNetModel(config, add_pooling_layer=False).eval()
-    with torch.no_grad():  # a visible relative bias (the default init is small)
-        model.encoder.relative_attention_bias.weight.normal_(0.0, 2.0)
-    return model
-
-
 @pytest.fixture(scope="module")
-def models(tiny_bert):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
-    bert = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
-    return tokenizer, {"bert": bert, "mpnet": tiny_mpnet(len(tokenizer))}
+def models(tiny_bert, tiny_mpnet):
+    """name -> (tokenizer, eval model): the tiny BERT and the tiny MPNet (its own `<s>`/`</s>`/`<mask>` ids)."""
+    return {name: (AutoTokenizer.from_pretrained(path),
+                   AutoModel.from_pretrained(path, attn_implementation="eager").eval())
+            for name, path in (("bert", tiny_bert), ("mpnet", tiny_mpnet))}
 
 
 def masked_real_input_state(model, builder, sentence: str) -> tuple[torch.Tensor, int]:
@@ -64,8 +54,7 @@ def transformers_shifted_template_state(model, builder, n: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", ["bert", "mpnet"])
 def test_template_bias_is_the_real_input_with_the_sentence_hidden(models, name):
-    tokenizer, by_name = models
-    model = by_name[name]
+    tokenizer, model = models[name]
     builder = InputBuilder(tokenizer, InputForm(Template(TEMPLATE)), 128)
     for sentence in ["a man plays a guitar", "two dogs run in a field while a plane lands at night"]:
         expected, n = masked_real_input_state(model, builder, sentence)
@@ -77,10 +66,9 @@ def test_template_bias_is_the_real_input_with_the_sentence_hidden(models, name):
 def test_transformers_mpnet_forward_shifts_only_the_absolute_positions(models):
     """Through transformers' own forward the shifted template-only row gives BERT's bias, but on MPNet a different
     state (its relative bias sees the suffix 1 column after the prefix, not n + 1): 100x rounding apart or more."""
-    tokenizer, by_name = models
-    builder = InputBuilder(tokenizer, InputForm(Template(TEMPLATE)), 128)
     for name, moved in (("bert", False), ("mpnet", True)):
-        model = by_name[name]
+        tokenizer, model = models[name]
+        builder = InputBuilder(tokenizer, InputForm(Template(TEMPLATE)), 128)
         expected, n = masked_real_input_state(model, builder, "two dogs run in a field while a plane lands at night")
         gap = float((transformers_shifted_template_state(model, builder, n) - expected).abs().max()
                     / expected.abs().max())
@@ -93,8 +81,7 @@ def test_transformers_mpnet_forward_shifts_only_the_absolute_positions(models):
 
 def test_relative_bias_from_consecutive_ids_is_transformers_own(models):
     """For rows whose ids are consecutive (every evaluation row, from any first id) the bias is transformers' own."""
-    _, by_name = models
-    model = by_name["mpnet"]
+    _, model = models["mpnet"]
     hidden = torch.zeros(2, 9, 32)
     own = model.encoder.compute_position_bias(hidden)
     positions = torch.arange(9).expand(2, 9) + torch.tensor([[2], [7]])
@@ -103,14 +90,14 @@ def test_relative_bias_from_consecutive_ids_is_transformers_own(models):
     assert "compute_position_bias" not in vars(model.encoder)  # the class's method again after the block
 
 
-def test_an_architecture_without_sdpa_loads_eager_and_records_it(tiny_bert, tmp_path):
+def test_an_architecture_without_sdpa_loads_eager_and_records_it(tiny_bert, tiny_mpnet):
     """transformers has no SDPA attention for MPNet: the Encoder loads its eager attention (the same function) and
-    its provenance says so, instead of failing on `attn_implementation="sdpa"`."""
+    its provenance says so, instead of failing on `attn_implementation="sdpa"`; the template finds `<mask>`."""
     from promptemb.encoder.model import Encoder
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
-    tiny_mpnet(len(tokenizer)).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    encoder = Encoder(str(tmp_path), batch_size=2, progress=False)
+    encoder = Encoder(str(tiny_mpnet), batch_size=2, progress=False)
     assert encoder.describe()["attention"] == "eager" and encoder.describe()["class"] == "MPNetModel"
     assert Encoder(str(tiny_bert), batch_size=2, progress=False).describe()["attention"] == "sdpa"
+    builder = InputBuilder(encoder.tokenizer, InputForm(Template(TEMPLATE)), 128)
+    assert encoder.tokenizer.convert_ids_to_tokens(builder.build(["a man ."])[0].input_ids) == [
+        "<s>", "this", "sentence", ":", '"', "a", "man", ".", '"', "means", "<mask>", ".", "</s>"]
