@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from promptemb.encoder.forward import InputEmbedder, position_base
+from promptemb.encoder.forward import InputEmbedder, position_base, relative_positions_from_ids
 from promptemb.encoder.inputs import PAD, SPECIAL, TEMPLATE, Batch, InputBuilder
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 
@@ -177,7 +177,8 @@ def training_forward(
         inputs["input_ids"] = input_ids
     wanted = sorted({normalize_layer(layer, num_layers) for layer in layers})
     all_layers = wanted != [num_layers]
-    model_out = (transformer if call is None else call)(**inputs, output_hidden_states=all_layers)
+    with relative_positions_from_ids(transformer, positions):
+        model_out = (transformer if call is None else call)(**inputs, output_hidden_states=all_layers)
     states = {layer: model_out.hidden_states[layer] for layer in wanted} if all_layers else {
         num_layers: model_out.last_hidden_state}
     out = EncoderOutput(num_layers=num_layers, input_ids=batch.input_ids, attention_mask=batch.attention_mask,

@@ -7,10 +7,15 @@
 Template denoising (PromptBERT §5): for a sentence of n tokens the bias is the hidden state at the [MASK] of the
 template alone, `[CLS] prefix suffix [SEP]`, whose position ids after the prefix are shifted by +n so every template
 token sits where it sits in the real input. One batched forward covers all distinct n of a batch.
+MPNet adds a relative position bias that transformers computes from column indices, not from the position ids
+(`MPNetEncoder.compute_position_bias(hidden_states)`): `relative_positions_from_ids` computes it from the ids given, so
+the shift moves MPNet's relative distances with its absolute positions (tests/encoder/test_mpnet_positions.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
@@ -30,6 +35,30 @@ def position_base(transformer: torch.nn.Module) -> int:
     """First position id: 0 for BERT; padding_idx + 1 for RoBERTa-style embeddings."""
     padding_idx = getattr(getattr(transformer, "embeddings", None), "padding_idx", None)
     return 0 if padding_idx is None else int(padding_idx) + 1
+
+
+@contextmanager
+def relative_positions_from_ids(transformer: torch.nn.Module, position_ids: torch.Tensor | None) -> Iterator[None]:
+    """While the block runs, an MPNet-style encoder (a `relative_attention_bias` table) computes its relative position
+    bias from `position_ids` [B, T] instead of from the columns 0..T-1; nothing changes for other models or without
+    position ids. The same values for rows whose ids are consecutive columns (any first id)."""
+    encoder = getattr(transformer, "encoder", None)
+    table = getattr(encoder, "relative_attention_bias", None)
+    if position_ids is None or table is None:
+        yield
+        return
+    buckets = transformer.config.relative_attention_num_buckets
+
+    def position_bias(x: torch.Tensor, position_ids_: torch.Tensor | None = None, num_buckets: int = buckets):
+        relative = position_ids[:, None, :] - position_ids[:, :, None]  # memory - context, as transformers
+        values = table(encoder.relative_position_bucket(relative, num_buckets=num_buckets))  # [B, T, T, H]
+        return values.permute(0, 3, 1, 2).contiguous()
+
+    encoder.compute_position_bias = position_bias
+    try:
+        yield
+    finally:
+        del encoder.compute_position_bias
 
 
 def max_input_length(transformer: torch.nn.Module, tokenizer, requested: int | None = None) -> int:
@@ -93,7 +122,8 @@ def run_transformer(
     else:
         inputs["input_ids"] = batch.input_ids
     all_layers = layers != {num_layers}
-    model_out = transformer(**inputs, output_hidden_states=all_layers, output_attentions=needs.attentions)
+    with relative_positions_from_ids(transformer, batch.position_ids):
+        model_out = transformer(**inputs, output_hidden_states=all_layers, output_attentions=needs.attentions)
     if all_layers:
         out.hidden_states = {layer: model_out.hidden_states[layer] for layer in layers}
     else:

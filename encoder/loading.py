@@ -133,6 +133,9 @@ def load_pretrained(name_or_path: str, *, mlm_head: bool = False, **model_kwargs
         model_cls = AutoModelForMaskedLM if mlm_head else AutoModel
         model, loading = model_cls.from_pretrained(path, output_loading_info=True, **model_kwargs)
     except ValueError as err:
+        if model_kwargs.get("attn_implementation") == "sdpa" and "scaled_dot_product_attention" in str(err):
+            # an architecture transformers has no SDPA attention for (MPNet): its eager attention, the same function
+            return load_pretrained(name_or_path, mlm_head=mlm_head, **{**model_kwargs, "attn_implementation": "eager"})
         if model_kwargs.get("attn_implementation") != "eager":
             raise
         raise ConfigError(

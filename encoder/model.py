@@ -383,7 +383,7 @@ class Encoder:
             "hidden_size": self.hidden_size,
             "max_length": self.max_length,
             "dtype": self.dtype,
-            "attention": "eager" if self.attentions else "sdpa",
+            "attention": getattr(self.transformer.config, "_attn_implementation", None) or "sdpa",
             "autocast": "bf16" if self.autocast is not None else "none",
             "linear_kernels": "onednn_packed" if self.onednn_linears else "default",
             "compiled": self.compiled,

@@ -15,7 +15,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
 
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.model_store import models_root
-from tests.helpers import reference_runner, save_tiny_bert, save_tiny_roberta, write_mini_senteval
+from tests.helpers import reference_runner, save_tiny_bert, save_tiny_mpnet, save_tiny_roberta, write_mini_senteval
 from tests.run_faults import WIKI_SAMPLE, fast_overrides, train_py
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,6 +50,11 @@ def reference(tiny_bert):
 @pytest.fixture(scope="session")
 def tiny_roberta(tmp_path_factory) -> Path:
     return save_tiny_roberta(tmp_path_factory.mktemp("tiny_roberta"))
+
+
+@pytest.fixture(scope="session")
+def tiny_mpnet(tmp_path_factory) -> Path:
+    return save_tiny_mpnet(tmp_path_factory.mktemp("tiny_mpnet"))
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,30 @@ def save_tiny_bert(directory: Path, *, layers: int = 3, heads: int = 4, hidden: 
     return directory
 
 
+def save_tiny_mpnet(directory: Path, *, layers: int = 2, heads: int = 4, hidden: int = 32, seed: int = 0,
+                    dropout: float = 0.0) -> Path:
+    """A randomly initialised MPNetModel with all-mpnet-base-v2's tokenizer layout, built from MiniLM's uncased BERT
+    vocabulary: `<s> <pad> </s> <unk>` (ids 0-3), the 30522 BERT tokens, `<mask>` (30526); 30527 tokens, the ids the
+    real MPNet tokenizer gives. Positions from padding_idx + 1 = 2; a visible relative position bias."""
+    from transformers import MPNetConfig, MPNetModel, MPNetTokenizer
+
+    bert = (Path(resolve_model_path(MINILM)) / "vocab.txt").read_text().splitlines()
+    tokens = ["<s>", "<pad>", "</s>", "<unk>", *bert, "<mask>"]
+    tokenizer = MPNetTokenizer(vocab={token: i for i, token in enumerate(tokens)}, do_lower_case=True,
+                               unk_token="[UNK]", model_max_length=128)
+    assert len(tokenizer) == 30527 and tokenizer.mask_token_id == 30526 and tokenizer.pad_token_id == 1
+    torch.manual_seed(seed)
+    config = MPNetConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=130,
+                         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    model = MPNetModel(config, add_pooling_layer=False)
+    with torch.no_grad():  # a relative bias that matters (the default init is small)
+        model.encoder.relative_attention_bias.weight.normal_(0.0, 2.0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 # Text the tiny byte-level BPE vocabulary is learned from: template words, a few sentences, cased and accented words.
 ROBERTA_CORPUS = [
     "This sentence : 'a man plays a guitar .' means something .", "The sentence : 'two dogs run' means it .",

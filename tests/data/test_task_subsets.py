@@ -1,4 +1,5 @@
-"""`subset:` in a task record: a fixed subset of a verified file's scored pairs (STSBenchmark-every10)."""
+"""`subset:` in a task record: a fixed subset of a verified file's scored pairs (STSBenchmark-every10,
+STSBenchmark-dev-every5)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,13 @@ def test_stsb_every10_is_pairs_0_10_20_of_the_test_split(real_data_root):
     assert len(subset) == 138 and len(full) == 1379
     assert subset.gold == full.gold[::10] and subset.sentences1 == full.sentences1[::10]
     assert subset.sentences2 == full.sentences2[::10]
+
+
+def test_stsb_dev_every5_is_pairs_0_5_10_of_the_dev_split(real_data_root):
+    load_registry.cache_clear()
+    registry = load_registry()
+    subset = registry["STSBenchmark-dev-every5"].load(real_data_root)
+    full = registry["STSBenchmark-dev"].load(real_data_root)
+    assert len(subset) == 300 and len(full) == 1500
+    assert subset.gold == full.gold[::5] and subset.sentences1 == full.sentences1[::5]
+    assert subset.sentences2 == full.sentences2[::5]

@@ -114,17 +114,19 @@ def gpu_command(name: str, backbone, data_root, out, triplets) -> list[str]:
     return overrides
 
 
-def family_backbone(name: str, tiny_bert, tiny_roberta, tiny_llama):
+def family_backbone(name: str, tiny_bert, tiny_roberta, tiny_llama, tiny_mpnet):
     """A tiny random model of the recipe's architecture family."""
     if "prompteol" in name:
         return tiny_llama
+    if "mpnet" in name:
+        return tiny_mpnet
     return tiny_roberta if "roberta" in name else tiny_bert
 
 
 @pytest.mark.parametrize("name", experiment_names())
-def test_every_experiment_trains_with_the_cuda_profile(name, probe, tiny_bert, tiny_roberta, tiny_llama,
+def test_every_experiment_trains_with_the_cuda_profile(name, probe, tiny_bert, tiny_roberta, tiny_llama, tiny_mpnet,
                                                        real_data_root, tmp_path, triplets_csv):
-    backbone = family_backbone(name, tiny_bert, tiny_roberta, tiny_llama)
+    backbone = family_backbone(name, tiny_bert, tiny_roberta, tiny_llama, tiny_mpnet)
     cfg = compose_train(gpu_command(name, backbone, real_data_root, tmp_path / "out", triplets_csv))
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
     trainer = train(checked(cfg))

@@ -66,7 +66,7 @@ def test_experiment_list():
                                   "promptbert_unsup_roberta", "prompteol_sup", "quickstart_angle",
                                   "quickstart_angle_triplets", "quickstart_dcpcse_sup", "quickstart_dcpcse_unsup",
                                   "quickstart_optiprompt", "quickstart_prompteol_sup", "quickstart_sup",
-                                  "quickstart_unsup"]
+                                  "quickstart_sup_mpnet", "quickstart_unsup", "quickstart_unsup_mpnet"]
 
 
 #: Recipes that fine-tune a decoder (a causal LM) do not run on the tiny BERT:
@@ -75,9 +75,10 @@ DECODER_EXPERIMENTS = ("prompteol_sup", "quickstart_prompteol_sup")
 
 
 @pytest.mark.parametrize("name", [name for name in experiment_names() if name not in DECODER_EXPERIMENTS])
-def test_every_experiment_runs_fast_dev_run(name, tiny_bert, real_data_root, tmp_path, nli_csv):
+def test_every_experiment_runs_fast_dev_run(name, tiny_bert, tiny_mpnet, real_data_root, tmp_path, nli_csv):
     out = tmp_path / "out"
-    cfg = compose_train([*tiny_overrides(name, tiny_bert, real_data_root, out, nli_csv), "debug=fdr"])
+    backbone = tiny_mpnet if "mpnet" in name else tiny_bert
+    cfg = compose_train([*tiny_overrides(name, backbone, real_data_root, out, nli_csv), "debug=fdr"])
     assert cfg.trainer.fast_dev_run is True and cfg.trainer.detect_anomaly is True
     trainer = train(checked(cfg))
     assert trainer.state.finished and trainer.global_step == 1
