@@ -1,7 +1,8 @@
 """Reference arrays of the official LLM2Vec code, made with the official package in a side environment.
 
     python3 -m venv /work/l2v-ref && /work/l2v-ref/bin/pip install llm2vec==0.2.3 transformers==4.44.2 peft torch==2.13.0
-    /work/l2v-ref/bin/python tests/llm2vec_official_references.py
+    git -C MIRROR show 312adcf:experiments/run_mntp.py > /tmp/run_mntp.py   # the official MNTP script
+    /work/l2v-ref/bin/python tests/llm2vec_official_references.py /tmp/run_mntp.py
 
 writes tests/llm2vec_0.2.3.json. llm2vec 0.2.3 (PyPI) pins transformers <= 4.44.2, so it is never installed in the
 project's environment; the tests read the file (tests/poolers/test_llm2vec.py). Its `llm2vec.py` and
@@ -15,6 +16,7 @@ Cases: tiny random LLaMA, Mistral and Qwen2 (2 blocks x 32, 4 heads, 2 KV heads)
 `LLM2Vec.encode` with each pooling mode (mean, weighted_mean, eos_token, last_token), without and with an
 instruction, batch size 4 over 7 sentences of different lengths (left padding inside each batch); the causal model
 (`enable_bidirectional=False`) with mean pooling. The official Qwen2 model is causal on the CPU (see `QWEN2_NOTE`).
+MNTP (`mntp`): run_mntp.py's collators, `get_model_class`, `initialize_peft` and the causal-LM loss (`MNTP_CASES`).
 """
 
 from __future__ import annotations
@@ -104,6 +106,80 @@ def seed_weights(model: torch.nn.Module, seed: int = SEED) -> None:
         parameter.copy_(1 + 0.1 * values if name.endswith("norm.weight") else 0.2 * values)
 
 
+def lora_key(name: str) -> str:
+    """A LoRA parameter's name from its block on (`layers.0.self_attn.q_proj.lora_A.default.weight`): the same in the
+    official wrapping (peft around the inner model of `*BiForMNTP`) and ours (peft around the base model)."""
+    return name[name.index("layers."):]
+
+
+@torch.no_grad()
+def seed_lora(model: torch.nn.Module, seed: int = SEED + 1) -> None:
+    """LoRA A and B drawn like `seed_weights` (peft starts B at zero, which would leave A without gradient)."""
+    generator = torch.Generator().manual_seed(seed)
+    lora = sorted((lora_key(name), parameter) for name, parameter in model.named_parameters() if "lora_" in name)
+    for _, parameter in lora:
+        parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator, dtype=torch.float32))
+
+
+#: MNTP cases: (family, data_collator_type, mlm_probability) as the official train_configs/mntp/*.json set them
+#: (LLaMA-2, Llama-3, Sheared-LLaMA: default collator, 0.2; Mistral: all_mask, 0.8); LoRA r 4 (alpha 2r as
+#: run_mntp.py), dropout 0 so the gradient is deterministic; mask token "_" (mask_token_type blank)
+MNTP_CASES = (("llama", "default", 0.2), ("mistral", "all_mask", 0.8))
+MNTP_LORA_R = 4
+MNTP_MAX_LENGTH = 64
+
+
+def mntp_cases(tokenizer_json: str, run_mntp_path: str) -> list[dict]:
+    """The official run_mntp.py's collator, model class, `initialize_peft` and loss on the tiny models: the masked
+    batch (seeded global RNG, as the Trainer's collator draws it), the loss and every LoRA gradient."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_mntp", run_mntp_path)
+    run_mntp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_mntp)
+    from transformers import DataCollatorForLanguageModeling
+
+    cases = []
+    for family, collator_type, probability in MNTP_CASES:
+        tokenizer = load_tokenizer(tokenizer_json)
+        # run_mntp.main(): mask_token_type "blank" and the pad token
+        if tokenizer.mask_token is None:
+            tokenizer.mask_token = "_"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        config = tiny_config(family, len(tokenizer))
+        with tempfile.TemporaryDirectory() as folder:
+            from transformers import AutoModelForCausalLM
+
+            base = AutoModelForCausalLM.from_config(config)
+            seed_weights(base)
+            base.save_pretrained(folder)
+            model = run_mntp.get_model_class(config).from_pretrained(folder, attn_implementation="eager",
+                                                                     torch_dtype=torch.float32)
+        model.model = run_mntp.initialize_peft(model.model, lora_r=MNTP_LORA_R, lora_alpha=2 * MNTP_LORA_R,
+                                               lora_dropout=0.0)
+        seed_lora(model)
+        model.train()
+        # line_by_line tokenize_function: truncation at max_seq_length, special tokens mask
+        features = [tokenizer(s, truncation=True, max_length=MNTP_MAX_LENGTH, return_special_tokens_mask=True)
+                    for s in SENTENCES]
+        collator_class = {"default": DataCollatorForLanguageModeling,
+                          "all_mask": run_mntp.DataCollatorForLanguageModelingWithFullMasking}[collator_type]
+        collator = collator_class(tokenizer=tokenizer, mlm_probability=probability)
+        torch.manual_seed(SEED)
+        batch = collator(features)
+        out = model(**batch)
+        out.loss.backward()
+        grads = {lora_key(name): f32(p.grad) for name, p in sorted(model.named_parameters()) if "lora_" in name}
+        cases.append({"family": family, "data_collator_type": collator_type, "mlm_probability": probability,
+                      "mask_token": tokenizer.mask_token, "mask_token_id": tokenizer.convert_tokens_to_ids("_"),
+                      "padding_side": tokenizer.padding_side, "lora_r": MNTP_LORA_R, "lora_alpha": 2 * MNTP_LORA_R,
+                      "input_ids": batch["input_ids"].tolist(), "labels": batch["labels"].tolist(),
+                      "attention_mask": batch["attention_mask"].tolist(), "loss": f32(out.loss.detach()),
+                      "lora_grads": grads})
+    return cases
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -148,6 +224,9 @@ def main() -> None:
                                         "pooling_mode": mode, "instruction": instruction,
                                         "bidirectional": bidirectional, "batch_size": batch_size,
                                         "embeddings": f32(embeddings.float())})
+    if len(sys.argv) > 1:  # the official experiments/run_mntp.py (not part of the package): its MNTP computation
+        record["mntp_script_sha256"] = sha256(Path(sys.argv[1]))
+        record["mntp"] = mntp_cases(tokenizer_json, sys.argv[1])
     OUT.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {OUT} ({len(record['cases'])} cases)")
 

@@ -116,7 +116,7 @@ def gpu_command(name: str, backbone, data_root, out, triplets) -> list[str]:
 
 def family_backbone(name: str, tiny_bert, tiny_roberta, tiny_llama):
     """A tiny random model of the recipe's architecture family."""
-    if "prompteol" in name:
+    if "prompteol" in name or "llm2vec" in name:
         return tiny_llama
     return tiny_roberta if "roberta" in name else tiny_bert
 
