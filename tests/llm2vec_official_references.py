@@ -17,6 +17,7 @@ Cases: tiny random LLaMA, Mistral and Qwen2 (2 blocks x 32, 4 heads, 2 KV heads)
 instruction, batch size 4 over 7 sentences of different lengths (left padding inside each batch); the causal model
 (`enable_bidirectional=False`) with mean pooling. The official Qwen2 model is causal on the CPU (see `QWEN2_NOTE`).
 MNTP (`mntp`): run_mntp.py's collators, `get_model_class`, `initialize_peft` and the causal-LM loss (`MNTP_CASES`).
+The contrastive stages' loss (`losses`): `HardNegativeNLLLoss` at scale 20 (SimCSE) and 50 (supervised).
 """
 
 from __future__ import annotations
@@ -180,6 +181,22 @@ def mntp_cases(tokenizer_json: str, run_mntp_path: str) -> list[dict]:
     return cases
 
 
+def loss_cases() -> list[dict]:
+    """`llm2vec.loss.HardNegativeNLLLoss` (run_simcse.py: scale 20; run_supervised.py: its default 50) on seeded
+    random embeddings: 6 queries, positives, and hard negatives or none; the loss and its gradients."""
+    from llm2vec.loss.HardNegativeNLLLoss import HardNegativeNLLLoss
+
+    cases = []
+    for scale, negatives in ((20.0, False), (20.0, True), (50.0, True)):
+        generator = torch.Generator().manual_seed(int(scale) + negatives)
+        tensors = [torch.randn(6, 16, generator=generator).requires_grad_(True) for _ in range(2 + negatives)]
+        loss = HardNegativeNLLLoss(scale=scale)(*tensors)
+        loss.backward()
+        cases.append({"scale": scale, "inputs": [f32(t.detach()) for t in tensors], "loss": f32(loss.detach()),
+                      "grads": [f32(t.grad) for t in tensors]})
+    return cases
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -224,6 +241,8 @@ def main() -> None:
                                         "pooling_mode": mode, "instruction": instruction,
                                         "bidirectional": bidirectional, "batch_size": batch_size,
                                         "embeddings": f32(embeddings.float())})
+    record["sha256"]["loss/HardNegativeNLLLoss.py"] = sha256(package / "loss/HardNegativeNLLLoss.py")
+    record["losses"] = loss_cases()
     if len(sys.argv) > 1:  # the official experiments/run_mntp.py (not part of the package): its MNTP computation
         record["mntp_script_sha256"] = sha256(Path(sys.argv[1]))
         record["mntp"] = mntp_cases(tokenizer_json, sys.argv[1])

@@ -84,7 +84,8 @@ def tiny_llama(tmp_path_factory):
     return save_tiny_decoder(tmp_path_factory.mktemp("llama"), "llama", layers=2, hidden=32)
 
 
-@pytest.mark.parametrize("name", ["llm2vec_mntp", "quickstart_llm2vec_mntp"])
+@pytest.mark.parametrize("name", ["llm2vec_mntp", "quickstart_llm2vec_mntp", "llm2vec_simcse",
+                                  "quickstart_llm2vec_simcse", "llm2vec_sup", "quickstart_llm2vec_sup"])
 def test_experiments_train_through_the_trainer(name, tiny_llama, real_data_root, tmp_path, nli_csv):
     """train.py's path (compose, the one check, `train`) with fast_dev_run on a tiny LLaMA: the final table holds
     the recipe's LLM2Vec pooling of the trained model."""
@@ -100,3 +101,57 @@ def test_experiments_train_through_the_trainer(name, tiny_llama, real_data_root,
     results = json.loads((out / "results.json").read_text())
     assert "mask" in results["scores"] and -100 <= results["scores"]["mask"]["STSBenchmark"] <= 100
     assert results["provenance"]["config"]["model"]["_target_"] == cfg.model._target_
+
+
+@pytest.mark.parametrize("case", REFERENCE["losses"], ids=lambda c: f"scale{c['scale']:g}-{len(c['inputs'])}")
+def test_contrastive_loss_is_the_official_hard_negative_nll(case):
+    """InfoNCE at temperature 1/scale equals `HardNegativeNLLLoss` (SimCSE's scale 20, the supervised default 50):
+    loss and the gradient of every input."""
+    from promptemb.lightning_modules.losses import info_nce
+
+    inputs = [torch.tensor(values, requires_grad=True) for values in case["inputs"]]
+    loss = info_nce(inputs[0], inputs[1], 1 / case["scale"], inputs[2] if len(inputs) == 3 else None)
+    loss.backward()
+    assert_close_scaled(loss.detach().reshape(1), torch.tensor([case["loss"]]), RTOL, msg="loss")
+    for tensor, expected in zip(inputs, case["grads"]):
+        assert_close_scaled(tensor.grad, torch.tensor(expected), RTOL)
+
+
+def test_simcse_views_are_two_dropout_draws_of_the_bidirectional_mean(tiny_llama):
+    """The SimCSE step embeds each sentence twice (attention dropout makes the views differ) with the evaluation's
+    pooler; in eval mode both views equal `embed`, which equals evaluate.py's llm2vec_mean of the same model."""
+    from promptemb.encoder.model import Encoder
+    from promptemb.poolers import build_pooler
+
+    module = LLM2VecContrastive(str(tiny_llama), attention_dropout=0.3, lora_r=2, lora_alpha=4)
+    sentences = SENTENCES[:4]
+    module.train()
+    first, second, negatives = module.contrastive_views(sentences)
+    assert negatives is None and (first - second).abs().max() > 1e-4
+    module.eval()
+    with torch.no_grad():
+        first, second, _ = module.contrastive_views(sentences)
+    assert_close_scaled(first, second, 1e-6)
+    encoder = Encoder.from_model(module.transformer, module.tokenizer, name=str(tiny_llama))
+    expected = encoder.embed(sentences, [build_pooler("llm2vec_mean")])["llm2vec_mean"]
+    assert_close_scaled(module.embed(sentences), torch.as_tensor(expected), 1e-5)
+
+
+def test_mntp_adapter_is_merged_before_the_contrastive_adapter(tiny_llama, tmp_path):
+    """run_simcse.py's `merge_peft=True`: the contrastive stage starts from the MNTP adapter folded into the base (its
+    own LoRA starts at B = 0), so its embeddings are the MNTP model's; another base is refused in one line."""
+    from promptemb.common.errors import DataError
+
+    mntp = LLM2VecMNTP(str(tiny_llama), lora_r=2, lora_alpha=4, lora_dropout=0.0)
+    seed_lora(mntp.transformer)
+    path = tmp_path / "mntp.ckpt"
+    state = {key: value for key, value in mntp.state_dict().items() if "lora_" in key}
+    torch.save({"state_dict": state, "hyper_parameters": dict(mntp.hparams),
+                "promptemb_adapter": {"base_model": str(tiny_llama),
+                                      "base_weights_sha256": mntp.base_weights_sha256}}, path)
+    contrastive = LLM2VecContrastive(str(tiny_llama), mntp_adapter=str(path), lora_r=2, lora_alpha=4)
+    sentences = SENTENCES[:4]
+    assert_close_scaled(contrastive.embed(sentences), mntp.embed(sentences), 1e-5)
+    other = save_tiny_decoder(tmp_path / "other", "llama", layers=2, hidden=32, seed=1)
+    with pytest.raises(DataError, match=r"was trained on other base weights"):
+        LLM2VecContrastive(str(other), mntp_adapter=str(path))
