@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from promptemb.common.errors import ConfigError
+from promptemb.encoder.bidirectional import bidirectional_arguments
 from promptemb.encoder.decoder_forms import DecoderForm
 from promptemb.encoder.inputs import PAD, POOLED, SENTENCE, SLOT, SPECIAL, TEMPLATE, Batch, InputForm, TokenizedInput
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
@@ -112,6 +113,11 @@ class DecoderInputBuilder:
             fixed = sum(len(self._ids(text)) for text, _, _ in self.echo_pieces if ECHO_SENTENCE not in text)
             copies = sum(text.count(ECHO_SENTENCE) for text, _, _ in self.echo_pieces)
             room = (max_length - fixed) // copies
+        elif self.decoder.llm2vec is not None:
+            llm2vec = self.decoder.llm2vec
+            fixed = len(self._ids(llm2vec.instruction.strip())) + 1 if llm2vec.instruction.strip() else 0
+            fixed += len(self._ids(llm2vec.suffix or "")) + 1 if llm2vec.suffix else 0
+            room = max_length - len(self.prefix_specials) - len(self.suffix_specials) - fixed
         else:
             template_ids = 0
             if form.template is not None:
@@ -143,6 +149,9 @@ class DecoderInputBuilder:
         for sentence in sentences:
             if self.decoder.echo_template is not None:
                 items.append(self._echo_item(sentence))
+                continue
+            if self.decoder.llm2vec is not None:
+                items.append(self._llm2vec_item(sentence))
                 continue
             item = self._prompt_item(sentence, self.form.template.text if self.form.template else None)
             if self.decoder.contrast is not None:
@@ -213,6 +222,28 @@ class DecoderInputBuilder:
             roles += [role] * len(piece)
         sentence_tokens = sum(1 for role in roles if role in (SENTENCE, POOLED))
         return TokenizedInput(input_ids=ids, roles=roles, sentence_length=sentence_tokens, truncated=truncated)
+
+    def _llm2vec_item(self, sentence: str) -> TokenizedInput:
+        """LLM2Vec's input (`LLM2Vec._convert_to_str`, `prepare_for_tokenization`, `tokenize`): the sentence cut to
+        `max_sentence_tokens` tokens, `instruction.strip() + " " + sentence` tokenized whole with special tokens
+        (the `eos_token` mode first right-strips it and appends its end text); the last n tokens are POOLED, n the
+        token count of the sentence part tokenized alone (the official `embed_mask`), every real token when the
+        instruction is not skipped."""
+        llm2vec = self.decoder.llm2vec
+        limit, cut = self.max_sentence_tokens, False
+        while True:
+            text, cut_now = self._cut(sentence, limit)
+            cut = cut or cut_now
+            if llm2vec.suffix is not None:
+                text = text.rstrip() + llm2vec.suffix
+            instruction = llm2vec.instruction.strip()
+            ids = self.tokenizer(f"{instruction} {text}" if instruction else text)["input_ids"]
+            if len(ids) <= self.max_length or limit <= 1:
+                break
+            limit -= len(ids) - self.max_length
+        pooled = min(len(self._ids(text)), len(ids)) if llm2vec.skip_instruction else len(ids)
+        roles = [TEMPLATE] * (len(ids) - pooled) + [POOLED] * pooled
+        return TokenizedInput(input_ids=ids, roles=roles, sentence_length=pooled, truncated=cut)
 
     def collate(self, items: list[TokenizedInput]) -> Batch:
         """Pad on `padding_side`; position ids count real tokens only (0 at the first real token of every row)."""
@@ -319,6 +350,8 @@ def run_decoder(transformer: torch.nn.Module, batch: Batch, needs: Needs, form: 
     rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
     last = last_positions(batch.attention_mask)
     inputs = {"attention_mask": batch.attention_mask, "position_ids": batch.position_ids, "use_cache": False}
+    if decoder.bidirectional:  # LLM2Vec: the causal mask removed for this call (encoder/bidirectional.py)
+        inputs.update(bidirectional_arguments(transformer, batch.attention_mask))
     handles = []
     if decoder.prepending is not None:
         slot = (batch.roles == SLOT).long().argmax(1)

@@ -1,5 +1,6 @@
-"""What a decoder prompt method adds to an input form: an Echo template, or a hook on the forward pass (Token
-Prepending, Contrastive Prompting). Plain records; `encoder/decoder.py` applies them."""
+"""What a decoder prompt method adds to an input form: an Echo template, a hook on the forward pass (Token
+Prepending, Contrastive Prompting), LLM2Vec's instruction format, bidirectional attention. Plain records;
+`encoder/decoder.py` applies them."""
 
 from __future__ import annotations
 
@@ -52,17 +53,41 @@ class ContrastivePrompting:
 
 
 @dataclass(frozen=True)
+class LLM2VecInput:
+    """LLM2Vec's input (McGill-NLP/llm2vec `LLM2Vec.encode`): `instruction.strip() + " " + sentence` (the sentence
+    alone without an instruction), `suffix` appended to the right-stripped sentence (the `eos_token` pooling mode's
+    end text; None: nothing), tokenized whole with the tokenizer's special tokens. The pooled span is the LAST n
+    tokens, n = the length of `sentence + suffix` tokenized alone without special tokens (the official `embed_mask`);
+    `skip_instruction` false pools every real token instead."""
+
+    instruction: str = ""
+    suffix: str | None = None
+    skip_instruction: bool = True
+
+    def describe(self) -> dict:
+        return {"instruction": self.instruction, "eos_suffix": self.suffix, "skip_instruction": self.skip_instruction}
+
+
+@dataclass(frozen=True)
 class DecoderForm:
-    """What a decoder prompt method adds to an `InputForm`: an Echo template, or a hook on the forward."""
+    """What a decoder prompt method adds to an `InputForm`: an Echo template, a hook on the forward, LLM2Vec's
+    instruction format; `bidirectional` runs the decoder with the causal mask removed (every token sees every real
+    token: LLM2Vec)."""
 
     echo_template: str | None = None
     prepending: TokenPrepending | None = None
     contrast: ContrastivePrompting | None = None
+    llm2vec: LLM2VecInput | None = None
+    bidirectional: bool = False
 
     def describe(self) -> dict:
         record: dict = {}
         if self.echo_template is not None:
             record["echo_template"] = self.echo_template
+        if self.llm2vec is not None:
+            record.update(self.llm2vec.describe())
+        if self.bidirectional:
+            record["attention"] = "bidirectional"
         for hook in (self.prepending, self.contrast):
             if hook is not None:
                 record.update(hook.describe())

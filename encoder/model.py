@@ -75,9 +75,10 @@ def expand_parts(poolers: Sequence[Pooler]) -> list[Pooler]:
 
 def check_poolers_on_config(name_or_path: str, poolers: Sequence[Pooler], revision: str | None = None) -> None:
     """Refuse, from the model's config alone and before any weight loads, the poolers that need a kind of model
-    (MoEE reads router logits: a dense model is refused here in one line rather than after loading its weights).
-    A config that cannot be read is left to the loading, which reports it."""
-    readers = [pooler for pooler in expand_parts(poolers) if pooler.needs.router_logits]
+    (MoEE reads router logits: a dense model is refused here in one line rather than after loading its weights;
+    LLM2Vec's bidirectional attention exists for some families only). A config that cannot be read is left to the
+    loading, which reports it."""
+    readers = [pooler for pooler in expand_parts(poolers) if pooler.needs.router_logits or pooler.needs.bidirectional]
     if not readers:
         return
     try:
@@ -402,7 +403,7 @@ class Encoder:
             self.check_model_kind(pooler)
             own = pooler.input_form()
             if own is not None:  # a decoder method's own template (or Echo's), checked here instead of the run's
-                if own.decoder is None or own.decoder.echo_template is None:
+                if own.decoder is None or (own.decoder.echo_template is None and own.decoder.llm2vec is None):
                     check_last_token_template(pooler.name, own.template)
             elif needs.decoder and needs.templated:  # a decoder pooler on the run's template (last_token)
                 check_last_token_template(pooler.name, template)

@@ -30,6 +30,8 @@ class Needs:
     decoder: needs a decoder (causal LM): a decoder prompt method pooling the last token or a span.
     router_logits: needs the router logits of every mixture-of-experts block (MoEE's routing weights); only MoE
         decoders record them, which the pooler's `check_model` checks before any forward.
+    bidirectional: runs the decoder with the causal mask removed (LLM2Vec); defined for some families only, which the
+        pooler's `check_model` checks from the model's config before any weight loads.
     """
 
     layers: tuple[int, ...] = ()
@@ -42,6 +44,7 @@ class Needs:
     template_bias: bool = False
     decoder: bool = False
     router_logits: bool = False
+    bidirectional: bool = False
 
 
 class Pooler(ABC):

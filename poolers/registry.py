@@ -24,6 +24,7 @@ from promptemb.poolers.decoder import (
 from promptemb.poolers.ditto import DittoPooler
 from promptemb.poolers.ensemble import EnsemblePooler
 from promptemb.poolers.idf import IdfPooler
+from promptemb.poolers.llm2vec import LLM2VecPooler
 from promptemb.poolers.mask import MaskPooler
 from promptemb.poolers.mask_topk import MaskTopKPooler
 from promptemb.poolers.mean import MeanPooler
@@ -76,6 +77,12 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "moee": (MoEEPooler, {"embedding": "concat"}),
     "moee_sum": (MoEEPooler, {"embedding": "sum"}),
     "moee_prompteol": (MoEEPooler, {"embedding": "concat", "template": MOEE_PROMPTEOL}),
+    # LLM2Vec: a bidirectional decoder (the causal mask removed), the official input format and its pooling modes
+    "llm2vec": (LLM2VecPooler, {}),
+    "llm2vec_mean": (LLM2VecPooler, {"pooling_mode": "mean"}),
+    "llm2vec_weighted_mean": (LLM2VecPooler, {"pooling_mode": "weighted_mean"}),
+    "llm2vec_eos_token": (LLM2VecPooler, {"pooling_mode": "eos_token"}),
+    "llm2vec_last_token": (LLM2VecPooler, {"pooling_mode": "last_token"}),
     # ensembles: `ensemble` takes its members from pooler_args (`NAME+NAME` is the same without arguments)
     "ensemble": (EnsemblePooler, {}),
     "ck": (EnsemblePooler, {"members": ["ke", "pcot"], "layer": -1,
@@ -110,6 +117,8 @@ _PRETCOT_KE = ('Zhang et al. (2024), "Simple Techniques for Enhancing Sentence E
                'Models"')
 _ECHO = 'Springer et al. (2024), "Repetition Improves Language Model Embeddings"'
 _MOEE = 'Li & Zhou (2025), "Your Mixture-of-Experts LLM Is Secretly an Embedding Model For Free" (MoEE)'
+_LLM2VEC = ('BehnamGhader et al. (2024), "LLM2Vec: Large Language Models Are Secretly Powerful Text Encoders" '
+            '(McGill-NLP/llm2vec 0.2.3)')
 PAPERS: dict[str, str] = {
     "cls": 'Devlin et al. (2019), "BERT": the [CLS] state',
     "mean": 'Reimers & Gurevych (2019), "Sentence-BERT": mean pooling',
@@ -155,6 +164,11 @@ PAPERS: dict[str, str] = {
     "moee_prompteol": f"{_MOEE}: MoEE (concat) with the PromptEOL prompt (`--embed_method prompteol`)",
     "ensemble": "a prompt ensemble: the (weighted) mean of its member poolers' embeddings, as MetaEOL (Lei et al. "
                 "2024) and CK (Cheng et al. 2025) average prompts",
+    "llm2vec": f"{_LLM2VEC}: a bidirectional decoder, the official input format; `pooling_mode` picks the pooling",
+    "llm2vec_mean": f"{_LLM2VEC}: mean over the sentence's tokens (the official default)",
+    "llm2vec_weighted_mean": f"{_LLM2VEC}: position-weighted mean (weights 1..n over the sentence's tokens)",
+    "llm2vec_eos_token": f"{_LLM2VEC}: the state of the end text appended to the sentence",
+    "llm2vec_last_token": f"{_LLM2VEC}: the last token's state",
     "ck": 'Cheng et al. (2025), "Contrastive Prompting Enhances Sentence Embeddings in LLMs through Inference-Time '
           'Steering": CK, the mean of the Knowledge Enhancement and Pretended CoT prompts at one layer',
 }

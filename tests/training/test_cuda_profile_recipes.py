@@ -116,7 +116,7 @@ def gpu_command(name: str, backbone, data_root, out, triplets) -> list[str]:
 
 def family_backbone(name: str, tiny_bert, tiny_roberta, tiny_llama, tiny_mpnet):
     """A tiny random model of the recipe's architecture family."""
-    if "prompteol" in name:
+    if "prompteol" in name or "llm2vec" in name:
         return tiny_llama
     if "mpnet" in name:
         return tiny_mpnet

@@ -1,0 +1,354 @@
+"""LLM2Vec (BehnamGhader et al., COLM 2024; McGill-NLP/llm2vec 0.2.3 = 312adcf): a decoder turned into an encoder
+in three steps, each a LoRA recipe on the bidirectional model (`encoder/bidirectional.py`):
+
+* `LLM2VecMNTP` — masked next-token prediction (experiments/run_mntp.py): a fraction p of the non-special tokens is
+  chosen (default collator: 80% of them become the mask token, 10% a random token, 10% stay; `all_mask`: all become
+  the mask token), and the token at position i is predicted from the output at position i−1:
+  L = −(1/|M|) Σ_{i∈M} log softmax(W h_{i−1})[x_i] (the causal-LM head and its shifted loss on the bidirectional
+  model). Mask token `_` when the tokenizer has none (`mask_token_type` blank). Official configs: LLaMA-2/3 and
+  Sheared-LLaMA p 0.2 with the default collator, Mistral p 0.8 with `all_mask`; LoRA r 16, alpha 2r, dropout 0.05 on
+  q, k, v, o, gate, up, down of the base model (the LM head stays frozen); 512-token blocks, batch 32, 1000 steps.
+* `LLM2VecContrastive` — SimCSE (experiments/run_simcse.py: each sentence twice through attention dropout 0.3,
+  InfoNCE over cosine × 20, i.e. τ = 0.05) or the supervised stage (run_supervised.py: (query, positive, hard
+  negative) with the negatives as extra columns), both on the bidirectional model with the MNTP adapter merged into
+  the base first (`mntp_adapter`), a new LoRA (r 16, alpha 32, dropout 0.05, the same seven projections) and the
+  LLM2Vec pooling the embeddings are evaluated with (`poolers/llm2vec.py`, mean by default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from promptemb.common.bounds import AtLeastOne, Fraction, Positive, TokenLimit
+from promptemb.common.errors import ConfigError, DataError
+from promptemb.common.optional import require
+from promptemb.encoder.bidirectional import check_bidirectional_family
+from promptemb.encoder.decoder import DecoderInputBuilder, PaddingSide, is_causal_lm, run_decoder
+from promptemb.encoder.loading import DTYPES, DType, check_model_source
+from promptemb.encoder.pooling import Needs
+from promptemb.encoder.template import SentenceRule
+from promptemb.lightning_modules.checkpoint import read_checkpoint
+from promptemb.lightning_modules.prompteol import (
+    SELECTION_POOLER_NAME,
+    PromptEOLSup,
+    is_adapter_key,
+    weights_sha256,
+)
+from promptemb.poolers.llm2vec import POOLING_MODES, LLM2VecPooler
+
+#: run_mntp.py / run_simcse.py `initialize_peft`: every projection of LLaMA, Mistral, Gemma and Qwen2 blocks
+ALL_PROJECTIONS = ("q_proj", "v_proj", "k_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+COLLATORS = ("default", "all_mask")
+MASK_TOKEN_TYPES = ("blank", "eos")
+
+
+def check_llm2vec_model(recipe: str, model_name_or_path: str, revision: str | None = None) -> None:
+    """Before any weight loads: the model must be a decoder of a family with a bidirectional forward."""
+    from transformers import AutoConfig
+
+    path = check_model_source(model_name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(path, revision=revision)
+    except (OSError, ValueError):
+        return  # left to the loading, which reports it in one line
+    if not is_causal_lm(config):
+        raise ConfigError(f"{recipe} trains a decoder (causal LM) with bidirectional attention; model "
+                          f"{model_name_or_path!r} is {getattr(config, 'model_type', type(config).__name__)!r}, an "
+                          "encoder: MNTP and LLM2Vec's contrastive stages are for decoders (use promptbert_* for "
+                          "encoders)")
+    check_bidirectional_family(recipe, config)
+
+
+class LLM2VecContrastive(PromptEOLSup):
+    """LLM2Vec's SimCSE (`views=dropout`: each sentence twice, attention dropout) or supervised stage
+    (`views=triplets`) with LoRA on the bidirectional model; embeddings pooled as `poolers/llm2vec.py`."""
+
+    RECIPE = "LLM2VecContrastive"
+    #: no template: the plain sentence in LLM2Vec's input format (train.py's template check: template=none)
+    template_views = 0
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        views: str = "dropout",
+        pooling_mode: str = "mean",
+        instruction: str = "",
+        temperature: Positive = 0.05,
+        optimizer=None,
+        scheduler=None,
+        max_sentence_tokens: AtLeastOne = 128,
+        max_length: TokenLimit | None = None,
+        sentence_rule: SentenceRule = "none",
+        lora_r: AtLeastOne = 16,
+        lora_alpha: AtLeastOne = 32,
+        lora_dropout: Fraction = 0.05,
+        lora_target_modules: list[str] = ALL_PROJECTIONS,
+        attention_dropout: Fraction = 0.3,
+        mntp_adapter: str | None = None,
+        dtype: DType = "float32",
+        padding_side: PaddingSide = "left",
+        grad_cache_chunk_size: AtLeastOne | None = None,
+        gradient_checkpointing: bool = False,
+        base_weights_sha256: str | None = None,
+    ):
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "optimizer", "scheduler",
+                                                                      "base_weights_sha256", "__class__")}
+        arguments["lora_target_modules"] = list(lora_target_modules)
+        if views not in ("dropout", "triplets"):
+            raise ConfigError(f"unknown views {views!r}; valid: dropout (SimCSE), triplets (supervised)")
+        if pooling_mode not in POOLING_MODES:
+            raise ConfigError(f"{self.RECIPE}: LLM2Vec has no pooling mode {pooling_mode!r}; valid: "
+                              f"{', '.join(POOLING_MODES)}")
+        self._setup(arguments, optimizer, scheduler, base_weights_sha256)
+
+    # -- building (shared with MNTP) --------------------------------------------------------------------------
+
+    def _setup(self, arguments: dict, optimizer, scheduler, base_weights_sha256: str | None) -> None:
+        import pytorch_lightning as pl
+
+        from promptemb.lightning_modules.base import DEFAULT_OPTIMIZER, DEFAULT_SCHEDULER
+
+        pl.LightningModule.__init__(self)
+        peft = require("peft", f"LoRA fine-tuning ({self.RECIPE})")
+        name = arguments["model_name_or_path"]
+        if arguments["dtype"] not in DTYPES:
+            raise ConfigError(f"unknown dtype {arguments['dtype']!r}; valid: {', '.join(DTYPES)}")
+        check_llm2vec_model(self.RECIPE, name)  # an encoder or another family: one line before any weight loads
+        self.save_hyperparameters(arguments)
+        self.optimizer_factory = optimizer or DEFAULT_OPTIMIZER
+        self.scheduler_factory = scheduler or DEFAULT_SCHEDULER
+        model = self._load(name, DTYPES[arguments["dtype"]])
+        self.base_weights_sha256 = weights_sha256(model)
+        if base_weights_sha256 is not None and base_weights_sha256 != self.base_weights_sha256:
+            raise DataError(f"the adapter was trained on base weights sha256 {base_weights_sha256[:12]}…, but "
+                            f"{name!r} has {self.base_weights_sha256[:12]}…; pass base_model= the model it was "
+                            "trained from")
+        if arguments.get("mntp_adapter"):
+            model = merge_mntp_adapter(peft, model, arguments["mntp_adapter"], self.base_weights_sha256)
+        self.transformer = self._with_adapter(peft, model, None, arguments.get("gradient_checkpointing", False))
+        self.max_length = arguments["max_length"] or min(int(getattr(self.tokenizer, "model_max_length", 512)
+                                                             or 512), 512)
+        self.pooler = LLM2VecPooler(SELECTION_POOLER_NAME, pooling_mode=arguments.get("pooling_mode", "mean"),
+                                    instruction=arguments.get("instruction", ""))
+        self.pooler.check_model(self.transformer.config)
+        self.pooler.bind_encoder(_Bound(self.transformer.config, self.tokenizer))  # eos_token's end text
+        form = self.pooler.input_form()
+        self.eval_template = None
+        self.templates = []
+        self.builders = [DecoderInputBuilder(self.tokenizer, form.__class__(None, "none",
+                                                                              arguments["max_sentence_tokens"],
+                                                                              form.decoder),
+                                             self.max_length, arguments["padding_side"])]
+        self.matryoshka = None
+        self.input_embedder = None
+        self.template_bias_cache = None
+
+    def _load(self, name: str, dtype: torch.dtype) -> torch.nn.Module:
+        """The base model (no LM head), attention dropout set for SimCSE."""
+        from transformers import AutoModel, AutoTokenizer
+
+        path = check_model_source(name)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        extra = {"attention_dropout": self.hparams.attention_dropout} if "attention_dropout" in self.hparams else {}
+        return AutoModel.from_pretrained(path, dtype=dtype, **extra)
+
+    # -- representations -------------------------------------------------------------------------------------
+
+    def pooled(self, sentences, builder: DecoderInputBuilder, pooler) -> torch.Tensor:
+        if isinstance(sentences, Mapping):
+            raise ConfigError(f"{self.RECIPE} reads raw sentences; set data.pretokenize=false")
+        batch = builder.collate(builder.build(list(sentences))).to(self.device)
+        out = run_decoder(self.transformer, batch, Needs(layers=(pooler.layer,)), builder.form)
+        return pooler(out)
+
+    def contrastive_views(self, batch):
+        if self.hparams.views == "triplets":
+            return PromptEOLSup.contrastive_views(self, batch)
+        sentences = list(batch)
+        pooled = self.pooled(sentences + sentences, self.builders[0], self.pooler)  # two dropout draws
+        return pooled[: len(sentences)], pooled[len(sentences):], None
+
+    def embed(self, sentences: list[str]) -> torch.Tensor:
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                return self.pooled(sentences, self.builders[0], self.pooler)
+        finally:
+            self.train(was_training)
+
+
+class _Bound:
+    """What `LLM2VecPooler.bind_encoder` reads from an encoder: the model's config and the tokenizer."""
+
+    def __init__(self, config, tokenizer):
+        self.transformer = type("Model", (), {"config": config})()
+        self.tokenizer = tokenizer
+
+
+def merge_mntp_adapter(peft, model: torch.nn.Module, path: str, base_sha256: str) -> torch.nn.Module:
+    """The base model with an `LLM2VecMNTP` checkpoint's adapter folded in (run_simcse.py: `merge_peft=True`)."""
+    checkpoint = read_checkpoint(path)
+    record = checkpoint.get("promptemb_adapter")
+    if not isinstance(record, dict) or checkpoint.get("hyper_parameters", {}).get("mlm_probability") is None:
+        raise DataError(f"mntp_adapter {path} is not a checkpoint of LLM2VecMNTP (experiment=llm2vec_mntp)")
+    if record.get("base_weights_sha256") != base_sha256:
+        raise DataError(f"mntp_adapter {path} was trained on other base weights than this model's")
+    hp = checkpoint["hyper_parameters"]
+    config = peft.LoraConfig(r=hp["lora_r"], lora_alpha=hp["lora_alpha"], lora_dropout=0.0, bias="none",
+                             target_modules=list(hp["lora_target_modules"]))
+    wrapped = peft.get_peft_model(model, config)
+    state = {key.removeprefix("transformer."): value for key, value in checkpoint["state_dict"].items()}
+    missing = [key for key in wrapped.state_dict() if is_adapter_key(key) and key not in state]
+    if missing:
+        raise DataError(f"mntp_adapter {path} lacks adapter weights (e.g. {missing[0]})")
+    wrapped.load_state_dict(state, strict=False)
+    return wrapped.merge_and_unload()
+
+
+def mntp_mask(input_ids: torch.Tensor, special: torch.Tensor, probability: float, mask_id: int, vocab_size: int,
+              collator: str = "default", generator: torch.Generator | None = None):
+    """(inputs, labels) as transformers' `DataCollatorForLanguageModeling.torch_mask_tokens` (default) or
+    run_mntp.py's `DataCollatorForLanguageModelingWithFullMasking` (all_mask) draw them, in the same order from the
+    same RNG: chosen ~ Bernoulli(p) off special tokens; 80% of the chosen -> mask, half the rest -> a random id in
+    [0, len(tokenizer)), the rest kept. Labels are -100 off the chosen tokens."""
+    labels = input_ids.clone()
+    inputs = input_ids.clone()
+    matrix = torch.full(labels.shape, probability).masked_fill_(special.bool(), 0.0)
+    chosen = torch.bernoulli(matrix, generator=generator).bool()
+    labels[~chosen] = -100
+    if collator == "all_mask":
+        inputs[chosen] = mask_id
+        return inputs, labels
+    replaced = torch.bernoulli(torch.full(labels.shape, 0.8), generator=generator).bool() & chosen
+    inputs[replaced] = mask_id
+    randomised = torch.bernoulli(torch.full(labels.shape, 0.5), generator=generator).bool() & chosen & ~replaced
+    random_ids = torch.randint(vocab_size, labels.shape, dtype=torch.long, generator=generator)
+    inputs[randomised] = random_ids[randomised]
+    return inputs, labels
+
+
+def mntp_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Masked next-token prediction: the label at i scored by the logits at i−1 (the causal LM's shifted loss),
+    mean over the chosen tokens, in float32."""
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                           ignore_index=-100)
+
+
+class LLM2VecMNTP(LLM2VecContrastive):
+    """LLM2Vec's masked next-token prediction with LoRA on the bidirectional decoder (see the module docstring);
+    evaluated during training with LLM2Vec's mean pooling (what MNTP is meant to make usable)."""
+
+    RECIPE = "LLM2VecMNTP"
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        mlm_probability: Fraction = 0.2,
+        data_collator: str = "default",
+        mask_token_type: str = "blank",
+        pooling_mode: str = "mean",
+        optimizer=None,
+        scheduler=None,
+        max_sentence_tokens: AtLeastOne = 512,
+        max_length: TokenLimit | None = None,
+        sentence_rule: SentenceRule = "none",
+        lora_r: AtLeastOne = 16,
+        lora_alpha: AtLeastOne = 32,
+        lora_dropout: Fraction = 0.05,
+        lora_target_modules: list[str] = ALL_PROJECTIONS,
+        dtype: DType = "float32",
+        padding_side: PaddingSide = "left",
+        gradient_checkpointing: bool = False,
+        base_weights_sha256: str | None = None,
+    ):
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "optimizer", "scheduler",
+                                                                      "base_weights_sha256", "__class__")}
+        arguments["lora_target_modules"] = list(lora_target_modules)
+        if data_collator not in COLLATORS:
+            raise ConfigError(f"unknown data_collator {data_collator!r}; valid: {', '.join(COLLATORS)}")
+        if mask_token_type not in MASK_TOKEN_TYPES:
+            raise ConfigError(f"unknown mask_token_type {mask_token_type!r}; valid: {', '.join(MASK_TOKEN_TYPES)} "
+                              "(run_mntp.py's `mask` adds a token, which would change the vocabulary)")
+        if not 0.0 < mlm_probability <= 1.0:
+            raise ConfigError(f"mlm_probability must be in (0, 1], got {mlm_probability}")
+        if pooling_mode not in POOLING_MODES:
+            raise ConfigError(f"{self.RECIPE}: LLM2Vec has no pooling mode {pooling_mode!r}; valid: "
+                              f"{', '.join(POOLING_MODES)}")
+        self._setup(arguments, optimizer, scheduler, base_weights_sha256)
+        self.mask_id = self._mask_id()
+
+    def _load(self, name: str, dtype: torch.dtype) -> torch.nn.Module:
+        """The causal LM: its base model gets the adapter, its LM head (frozen, not in checkpoints) scores tokens."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = check_model_source(name)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        causal = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        head = causal.get_output_embeddings()
+        head.requires_grad_(False)
+        self.__dict__["lm_head"] = head  # not a submodule: the frozen head stays out of the adapter checkpoint
+        return causal.get_decoder() if hasattr(causal, "get_decoder") else causal.model
+
+    def setup(self, stage: str) -> None:
+        return None  # no gradient caching to check: MNTP's loss is per token
+
+    def _mask_id(self) -> int:
+        """run_mntp.py: the tokenizer's mask token, else `_` (blank) or the EOS token."""
+        tokenizer = self.tokenizer
+        token = tokenizer.mask_token or ("_" if self.hparams.mask_token_type == "blank" else tokenizer.eos_token)
+        ids = tokenizer.convert_tokens_to_ids(token)
+        if ids is None or ids == tokenizer.unk_token_id:
+            raise ConfigError(f"LLM2VecMNTP: the mask token {token!r} is not in the vocabulary of "
+                              f"{self.hparams.model_name_or_path!r}; use mask_token_type=eos")
+        return int(ids)
+
+    def mntp_batch(self, sentences: list[str]) -> dict[str, torch.Tensor]:
+        """run_mntp.py's line_by_line tokenization (special tokens, cut at `max_sentence_tokens`, special tokens
+        mask), padded on the right with the pad token (EOS when none); padding counts as special."""
+        tokenizer = self.tokenizer
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        rows = [tokenizer(s, truncation=True, max_length=self.hparams.max_sentence_tokens,
+                          return_special_tokens_mask=True) for s in sentences]
+        width = max(len(row["input_ids"]) for row in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        special = torch.ones((len(rows), width), dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for index, row in enumerate(rows):
+            n = len(row["input_ids"])
+            ids[index, :n] = torch.tensor(row["input_ids"])
+            special[index, :n] = torch.tensor(row["special_tokens_mask"])
+            attention[index, :n] = 1
+        inputs, labels = mntp_mask(ids, special, self.hparams.mlm_probability, self.mask_id, len(tokenizer),
+                                   self.hparams.data_collator)
+        return {"input_ids": inputs, "attention_mask": attention, "labels": labels}
+
+    def mntp_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     labels: torch.Tensor) -> torch.Tensor:
+        """The MNTP loss of a masked batch through the bidirectional model and the frozen LM head."""
+        from promptemb.encoder.bidirectional import bidirectional_arguments
+
+        positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        out = self.transformer(input_ids=input_ids, position_ids=positions, use_cache=False,
+                               **bidirectional_arguments(self.transformer, attention_mask))
+        head = self.lm_head.to(out.last_hidden_state.device)
+        return mntp_loss(head(out.last_hidden_state), labels)
+
+    def training_step(self, batch, batch_idx):
+        if isinstance(batch, Mapping):
+            raise ConfigError("LLM2VecMNTP reads raw sentences; set data.pretokenize=false")
+        sentences = [s for item in batch for s in ([item] if isinstance(item, str) else item)]
+        masked = {key: value.to(self.device) for key, value in self.mntp_batch(sentences).items()}
+        if not (masked["labels"] != -100).any():  # nothing drawn (tiny batches): no loss, no step
+            return None
+        loss = self.mntp_forward(**masked)
+        on_host = loss.detach().to("cpu", torch.float32, copy=True)
+        if not torch.isfinite(on_host):
+            from promptemb.lightning_modules.base import NonFiniteLossError
+
+            raise NonFiniteLossError(f"loss is {on_host.item()} at step {self.global_step}; lower optimizer.lr")
+        self.log("train/loss", on_host, prog_bar=True, batch_size=len(sentences))
+        return loss  # per-rank mean; DDP averages gradients as the Hugging Face Trainer does
