@@ -1,6 +1,7 @@
 """Reference arrays of the official LLM2Vec code, made with the official package in a side environment.
 
-    python3 -m venv /work/l2v-ref && /work/l2v-ref/bin/pip install llm2vec==0.2.3 transformers==4.44.2 peft torch==2.13.0
+    python3 -m venv /work/l2v-ref
+    /work/l2v-ref/bin/pip install llm2vec==0.2.3 transformers==4.44.2 peft torch==2.13.0
     git -C MIRROR show 312adcf:experiments/run_mntp.py > /tmp/run_mntp.py   # the official MNTP script
     /work/l2v-ref/bin/python tests/llm2vec_official_references.py /tmp/run_mntp.py
 
@@ -54,7 +55,7 @@ QWEN2_NOTE = ("llm2vec 0.2.3's Qwen2BiModel keeps Qwen2Model._update_causal_mask
 
 
 def corpus() -> list[str]:
-    words = ("the a man woman dog cat is are playing runs run field plane night kitchen window guitar onions "
+    words = ("the a man woman dog cat is are playing runs run field plane night kitchen window guitar onions "  # noqa: SIM905
              "said hello children stocks fell sharply monday sun shining retrieve semantically similar text").split()
     lines = [*SENTENCES, INSTRUCTION]
     lines += [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(9)) for i in range(60)]

@@ -86,13 +86,13 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["llm2vec_mntp", "quickstart_llm2vec_mntp", "llm2vec_simcse",
                                   "quickstart_llm2vec_simcse", "llm2vec_sup", "quickstart_llm2vec_sup"])
-def test_experiments_train_through_the_trainer(name, tiny_llama, real_data_root, tmp_path, nli_csv):
+def test_experiments_train_through_the_trainer(name, tiny_llama, real_data_root, tmp_path, nli_csv):  # noqa: F811
     """train.py's path (compose, the one check, `train`) with fast_dev_run on a tiny LLaMA: the final table holds
     the recipe's LLM2Vec pooling of the trained model."""
     import json
 
-    from tests.training.test_train import checked, compose_train, tiny_overrides
     from promptemb.training.runner import train
+    from tests.training.test_train import checked, compose_train, tiny_overrides
 
     out = tmp_path / "out"
     cfg = compose_train([*tiny_overrides(name, tiny_llama, real_data_root, out, nli_csv), "debug=fdr"])

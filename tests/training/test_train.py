@@ -62,12 +62,14 @@ def tiny_overrides(name, tiny_bert, root, out, nli_csv):
 
 def test_experiment_list():
     assert experiment_names() == ["angle_nli", "angle_stsb", "dcpcse_sup", "dcpcse_unsup", "llm2vec_mntp",
-                                  "llm2vec_simcse", "llm2vec_sup", "optiprompt", "optiprompt_roberta", "promptbert_sup", "promptbert_sup_roberta", "promptbert_unsup",
+                                  "llm2vec_simcse", "llm2vec_sup", "optiprompt", "optiprompt_roberta",
+                                  "promptbert_sup", "promptbert_sup_roberta", "promptbert_unsup",
                                   "promptbert_unsup_roberta", "prompteol_sup", "quickstart_angle",
-                                  "quickstart_angle_triplets", "quickstart_dcpcse_sup", "quickstart_dcpcse_unsup",
-                                  "quickstart_llm2vec_mntp", "quickstart_llm2vec_simcse", "quickstart_llm2vec_sup",
-                                  "quickstart_optiprompt", "quickstart_prompteol_sup", "quickstart_sup",
-                                  "quickstart_sup_mpnet", "quickstart_unsup", "quickstart_unsup_mpnet"]
+                                  "quickstart_angle_triplets", "quickstart_dcpcse_sup",
+                                  "quickstart_dcpcse_unsup", "quickstart_llm2vec_mntp",
+                                  "quickstart_llm2vec_simcse", "quickstart_llm2vec_sup", "quickstart_optiprompt",
+                                  "quickstart_prompteol_sup", "quickstart_sup", "quickstart_sup_mpnet",
+                                  "quickstart_unsup", "quickstart_unsup_mpnet"]
 
 
 #: Recipes that fine-tune a decoder (a causal LM) do not run on the tiny BERT:
