@@ -216,7 +216,7 @@ class STSEvaluationCallback(pl.Callback):
         return line
 
     def _metric(self, pooler: str) -> str:
-        return f"val/{self.dev_task.lower().replace('stsbenchmark-', 'stsb_')}/{pooler}"
+        return dev_metric(self.dev_task, pooler)
 
     def _log(self, trainer, values: dict[str, float], step: int) -> None:
         """Dev scores to every logger at the optimiser step they were taken after (as curve.json and the checkpoint
@@ -303,3 +303,9 @@ class STSEvaluationCallback(pl.Callback):
                                                            "points": self.history})
         if len(self.history) > 1:
             plot_curve(self.history, self.output_dir / "curve.png", f"{self.dev_task} Spearman x100 vs step")
+
+
+def dev_metric(dev_task: str, pooler: str) -> str:
+    """The name a dev score is logged under (`val/stsb_dev/mask` for STSBenchmark-dev), which checkpoint selection
+    monitors."""
+    return f"val/{dev_task.lower().replace('stsbenchmark-', 'stsb_')}/{pooler}"

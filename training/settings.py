@@ -8,13 +8,16 @@ checked against its constructor's type hints; then the machine, the model files 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
+from promptemb.callbacks.sts_evaluation import EvaluationPlan, dev_metric
 from promptemb.common.bounds import AtLeastOne, Seed
 from promptemb.common.device_profile import check_clipping
+from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import (
     COMPOSITION,
@@ -135,6 +138,7 @@ def check_train_composition(values: dict) -> None:
     """What a resolved train.py config must satisfy whatever the machine: every `_target_` node against its
     constructor, and a template the recipe can train with."""
     check_template(values, (values.get("model") or {}).get("_target_"))
+    check_selection_metric(values.get("callbacks") or {})
     check_node_maps(values, "callbacks", "logger")
     check_targets(values)
     check_backbone(values)
@@ -142,6 +146,19 @@ def check_train_composition(values: dict) -> None:
         owner = getattr(target := target_of(node or {}), "__self__", target)
         if hasattr(owner, "check_config"):
             owner.check_config(node)
+
+
+def check_selection_metric(callbacks: dict) -> None:
+    """Checkpoint selection monitors (and names its files by) a dev score the STS callback logs: another `dev_task`
+    logs under another name, and Lightning would only warn while no best checkpoint is kept."""
+    sts, selection = callbacks.get("sts_evaluation") or {}, callbacks.get("model_checkpoint") or {}
+    logged = dev_metric(sts.get("dev_task", EvaluationPlan.dev_task), "")
+    read = [selection.get("monitor"), *re.findall(r"\{(val/[^:}]+)", str(selection.get("filename", "")))]
+    for metric in (m for m in read if sts and isinstance(m, str) and m.startswith("val/")):
+        if not metric.startswith(logged):
+            raise ConfigError(f"callbacks.model_checkpoint reads {metric}, which is never logged: with dev_task="
+                              f"{sts.get('dev_task')} the STS callback logs {logged}<pooler>; set its monitor "
+                              f"(and filename) to {logged}mask")
 
 
 def check_training_data(data: dict, root: Path) -> None:

@@ -22,7 +22,7 @@ def test_the_settings_layer_keeps_its_figures():
     assert set(now["config_object_modules"]) <= {"common/hydra_bridge.py", "training/trials.py"}
     assert now["config_reads_evaluate_path"] == 0, now["config_reads"]
     assert now["config_reads_total"] <= 4, now["config_reads"]
-    assert now["code_lines_total"] <= 1404, now["code_lines"]
+    assert now["code_lines_total"] <= 1417, now["code_lines"]
 
 
 def test_the_measures_count_what_they_say():

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from promptemb.common.cli import check_override_keys
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.hydra_bridge import plain
+from promptemb.common.validation import COMPOSITION
 from promptemb.data.datamodules import TextLinesDataModule
 from promptemb.data.training_corpora import read_nli_csv, read_text_lines, sick_triplets
 from promptemb.lightning_modules.base import NonFiniteLossError
@@ -495,3 +496,19 @@ def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(ti
     assert results["families"]["transfer"]["protocol"]["kfold"] == 2
     assert results["families"]["clustering"]["protocol"]["trials"] == 2
     assert len(results["families"]["clustering"]["details"]["mean"]["MINICL"]["trials"]) == 2
+
+
+def test_checkpoint_selection_must_read_the_dev_score_the_callback_logs():
+    """Another dev_task logs under another name: selecting on the default name would keep no best checkpoint (Lightning
+    only warns), so the config is refused; the monitor and filename of that name pass."""
+    subset = ["experiment=quickstart_unsup", "callbacks.sts_evaluation.dev_task=STSBenchmark-dev-every5"]
+    with pytest.raises(ConfigError, match=r"^callbacks.model_checkpoint reads val/stsb_dev/mask, which is never "
+                                          r"logged: with dev_task=STSBenchmark-dev-every5 the STS callback logs "
+                                          r"val/stsb_dev-every5/<pooler>; set its monitor \(and filename\) to "
+                                          r"val/stsb_dev-every5/mask$"):
+        checked(compose_train(subset))
+    with pytest.raises(ConfigError, match=r"reads val/stsb_dev/mask, which is never logged"):  # the file name alone
+        checked(compose_train([*subset, "callbacks.model_checkpoint.monitor=val/stsb_dev-every5/mask"]))
+    TrainSettings.model_validate(plain(compose_train([
+        *subset, "callbacks.model_checkpoint.monitor=val/stsb_dev-every5/mask",
+        "callbacks.model_checkpoint.filename='step{step}-mask{val/stsb_dev-every5/mask:.2f}'"])), context=COMPOSITION)
