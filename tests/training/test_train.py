@@ -69,14 +69,15 @@ def test_experiment_list():
                                   "quickstart_angle_triplets", "quickstart_dcpcse_sup",
                                   "quickstart_dcpcse_unsup", "quickstart_llm2vec_mntp",
                                   "quickstart_llm2vec_simcse", "quickstart_llm2vec_sup", "quickstart_optiprompt",
-                                  "quickstart_prompteol_sup", "quickstart_sup", "quickstart_sup_mpnet",
-                                  "quickstart_unsup", "quickstart_unsup_mpnet"]
+                                  "quickstart_prompteol_sup", "quickstart_prompteol_sup_smollm2", "quickstart_sup",
+                                  "quickstart_sup_mpnet", "quickstart_unsup", "quickstart_unsup_mpnet"]
 
 
 #: Recipes that fine-tune a decoder (a causal LM) do not run on the tiny BERT:
 #: tests/lightning_modules/test_prompteol_sup.py and test_llm2vec.py run them on a tiny LLaMA.
-DECODER_EXPERIMENTS = ("prompteol_sup", "quickstart_prompteol_sup", "llm2vec_mntp", "quickstart_llm2vec_mntp",
-                       "llm2vec_simcse", "quickstart_llm2vec_simcse", "llm2vec_sup", "quickstart_llm2vec_sup")
+DECODER_EXPERIMENTS = ("prompteol_sup", "quickstart_prompteol_sup", "quickstart_prompteol_sup_smollm2",
+                       "llm2vec_mntp", "quickstart_llm2vec_mntp", "llm2vec_simcse", "quickstart_llm2vec_simcse",
+                       "llm2vec_sup", "quickstart_llm2vec_sup")
 
 
 @pytest.mark.parametrize("name", [name for name in experiment_names() if name not in DECODER_EXPERIMENTS])
