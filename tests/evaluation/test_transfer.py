@@ -325,3 +325,48 @@ def test_transfer_on_a_device_in_full_float32():
         assert (matmul_precision(), onednn.fp32_precision) == ("tf32", "bf16")
     assert seen and set(seen) == {("ieee", "ieee")}
     assert on_device == evaluate_transfer(data, x, TINY) and on_device["steps"] > 0
+
+
+def test_mpnet_runs_through_every_evaluator_family(mini_data, tiny_mpnet, tmp_path):
+    """A third architecture (MPNet: `<s>`/`</s>`/`<mask>`) through STS, transfer and clustering with the PromptBERT
+    template, its [MASK] pooler reading the `<mask>` position."""
+    import json
+
+    from tests.evaluation.test_evaluate_cli import evaluate
+
+    root, registry = mini_data
+    write_mini_labeled(root, registry)
+    out = tmp_path / "out"
+    proc = evaluate(f"backbone.name_or_path={tiny_mpnet}", f"task_registry={registry}", f"output_dir={out}",
+                    "tasks=[MINI12,MINITR,MINICL]", "poolers=[mean,mask]", "template=promptbert_bert",
+                    "+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+transfer_args.l2_grid=[0.001,0.01]",
+                    "+clustering_args.trials=2", "+clustering_args.n_init=2", data_root=root)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["families"]) == ["sts", "transfer", "clustering"]
+    for family, task in (("sts", "MINI12"), ("transfer", "MINITR"), ("clustering", "MINICL")):
+        table = results["families"][family]["scores"]
+        assert set(table) == {"mean", "mask"} and all(np.isfinite(table[p][task]) for p in table), table
+    assert results["provenance"]["model"]["class"] == "MPNetModel"
+
+
+def test_mpnet_mask_pooler_reads_the_mask_position(tiny_mpnet):
+    """The [MASK] pooler on MPNet is the last layer's state at `<mask>` (id 30526) of the templated input, checked
+    against transformers' own forward of the same text."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from promptemb.encoder.model import Encoder
+    from promptemb.encoder.template import Template
+    from promptemb.poolers import build_pooler
+
+    prompt = 'This sentence : "[X]" means [MASK] .'
+    sentences = ["a man is playing a guitar", "the cat sat"]
+    ours = Encoder(str(tiny_mpnet), device="cpu").embed(sentences, [build_pooler("mask")], Template(prompt))["mask"]
+    tokenizer, model = AutoTokenizer.from_pretrained(tiny_mpnet), AutoModel.from_pretrained(tiny_mpnet).eval()
+    for row, sentence in enumerate(sentences):
+        ids = tokenizer(prompt.replace("[X]", sentence).replace("[MASK]", tokenizer.mask_token), return_tensors="pt")
+        assert (ids["input_ids"][0] == 30526).sum() == 1
+        with torch.no_grad():
+            state = model(**ids).last_hidden_state[0, ids["input_ids"][0].tolist().index(30526)]
+        assert_close_scaled(torch.as_tensor(np.asarray(ours[row])), state, rtol=1e-5)
