@@ -251,6 +251,11 @@ def write_mini_labeled(root, registry_path) -> None:
     registry_path.write_text(yaml.safe_dump(registry, sort_keys=False))
 
 
+#: The mini transfer and clustering tasks at test scale: two folds, four epochs, two trials.
+SMALL_FAMILY_ARGS = ("+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+transfer_args.l2_grid=[0.001,0.01]",
+                     "+clustering_args.trials=2", "+clustering_args.n_init=2")
+
+
 def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     import json
 
@@ -263,8 +268,7 @@ def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     out = tmp_path / "out"
     proc = evaluate(f"backbone.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={out}",
                     "tasks=[MINI12,MINITR,MINICL]", "poolers=[mean,cls]", "post=[zscore]",
-                    "+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+transfer_args.l2_grid=[0.001,0.01]",
-                    "+clustering_args.trials=2", "+clustering_args.n_init=2", data_root=root)
+                    *SMALL_FAMILY_ARGS, data_root=root)
     assert proc.returncode == 0, proc.stderr
     results = json.loads((out / "results.json").read_text())
     assert list(results["families"]) == ["sts", "transfer", "clustering"]
@@ -339,8 +343,7 @@ def test_mpnet_runs_through_every_evaluator_family(mini_data, tiny_mpnet, tmp_pa
     out = tmp_path / "out"
     proc = evaluate(f"backbone.name_or_path={tiny_mpnet}", f"task_registry={registry}", f"output_dir={out}",
                     "tasks=[MINI12,MINITR,MINICL]", "poolers=[mean,mask]", "template=promptbert_bert",
-                    "+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+transfer_args.l2_grid=[0.001,0.01]",
-                    "+clustering_args.trials=2", "+clustering_args.n_init=2", data_root=root)
+                    *SMALL_FAMILY_ARGS, data_root=root)
     assert proc.returncode == 0, proc.stderr
     results = json.loads((out / "results.json").read_text())
     assert list(results["families"]) == ["sts", "transfer", "clustering"]
