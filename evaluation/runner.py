@@ -93,7 +93,7 @@ def open_scoring(settings: Settings, poolers: list) -> Scoring:
     if trained.source.get("weights_verified") is False:
         log.warning("scoring an UNVERIFIED model (allow_unverified_weights=true): %s", trained.source["weights_note"])
     log.info("scoring %s %s with its own template %r and poolers %s", trained.source["kind"], name_or_path,
-             trained.template.text, ", ".join(p.name for p in trained.poolers))
+             trained.template and trained.template.text, ", ".join(p.name for p in trained.poolers))
     return Scoring(trained.encoder, merge_poolers(trained.poolers, poolers, settings.pooler_args), trained.template,
                    trained.sentence_rule, trained.max_sentence_tokens, trained.source)
 

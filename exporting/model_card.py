@@ -7,6 +7,10 @@ from promptemb.evaluation.report import markdown_table
 
 def describe_pooler(record: dict) -> str:
     pooler = record["pooler"]
+    if pooler["name"] == "llm2vec":
+        spec = record["llm2vec"]
+        return (f"`llm2vec`: LLM2Vec's `{spec['pooling_mode']}` pooling of the last layer (after the final norm) over "
+                "the sentence's own tokens, the decoder run with bidirectional attention (the causal mask removed)")
     if pooler["name"] == "last_token":
         return (f"`last_token`: layer {pooler['layer']} state (hidden_states[-1] is after the final norm) at the "
                 "last token of the filled template (PromptEOL-style)")
@@ -36,7 +40,13 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
     if record.get("deep_prompt"):
         deep = (f"yes, {record['deep_prompt']['length']} trained key/value positions prepended to every layer's "
                 "self-attention, the tokens' positions starting after them")
-    if record.get("decoder"):
+    if record.get("llm2vec"):
+        instruction = record["llm2vec"]["instruction"].strip()
+        after = f" after the instruction `{instruction}`" if instruction else ""
+        layout = ("A decoder (causal LM) turned into a sentence encoder by an LLM2Vec recipe (BehnamGhader et al. "
+                  f"2024): it reads the plain sentence{after} in LLM2Vec's input format with bidirectional attention; "
+                  "only the sentence's tokens are pooled.")
+    elif record.get("decoder"):
         layout = ("A prompt-based sentence embedding of a decoder (causal LM). The sentence fills the template, which "
                   "is tokenized as one string with the tokenizer's own special tokens; only the sentence is truncated "
                   "(the template's last token, the pooled one, always stays); padding on either side gives the "
@@ -58,7 +68,8 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
         "",
         layout,
         "",
-        f"* template: `{record['template']}` (sentence rule: `{record['sentence_rule']}`)",
+        f"* template: `{record['template']}` (sentence rule: `{record['sentence_rule']}`)" if record["template"] else
+        "* template: none (the plain sentence)",
         f"* pooler: {describe_pooler(record)}",
         f"* soft template (OptiPrompt): {soft}",
         f"* deep prompts (DCPCSE): {deep}",

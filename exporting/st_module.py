@@ -21,7 +21,11 @@ only torch, transformers and sentence-transformers. It re-implements, minimally,
                                ONE string framed by the tokenizer's own special ids, padding on the recorded side,
                                position ids counted over real tokens, the last real token pooled at the layer;
 * lightning_modules/prompteol.py   a kept LoRA adapter applied (peft, imported only then) to the recorded base model,
-                               whose weights must hash to the recorded sha256.
+                               whose weights must hash to the recorded sha256;
+* encoder/decoder.py, poolers/llm2vec.py, encoder/bidirectional.py   a decoder of an LLM2Vec recipe: the sentence
+                               cut, `instruction + " " + sentence (+ end text)` tokenized whole, the last n tokens
+                               (the sentence's own count) pooled (mean, weighted mean or last token) from one
+                               forward with the causal mask removed (the padding-only 4D mask, `is_causal=False`).
 tests/exporting/test_export.py (encoders, tiny BERTs) and tests/exporting/test_export_decoder.py (tiny LLaMA / OPT /
 GPT-2) compare this file with those (many lengths, truncation, padding sides, batch compositions): change them together.
 """
@@ -124,6 +128,7 @@ class PromptEncoderModule(InputModule):
             record = json.load(handle)["promptemb"]
         self.record = record
         self.decoder = record.get("decoder")
+        self.llm2vec = record.get("llm2vec")
         if self.decoder:
             self._init_decoder(model_dir, dict(model_kwargs or {}))
             return
@@ -211,7 +216,8 @@ class PromptEncoderModule(InputModule):
         self.max_sentence_tokens = int(record["max_sentence_tokens"])
         self.pooler_name, self.layer, self.denoise = record["pooler"]["name"], int(record["pooler"]["layer"]), False
         self.head, self.head_after_denoise, self.soft_vectors, self.deep_prompt = None, False, None, None
-        self.template_prefix, self.template_suffix = record["template"].split("[X]")
+        if self.llm2vec is None:  # LLM2Vec reads the plain sentence
+            self.template_prefix, self.template_suffix = record["template"].split("[X]")
         self.special_prefix = list(self.decoder["special_prefix_ids"])
         self.special_suffix = list(self.decoder["special_suffix_ids"])
         self.pad_id, self.padding_side = int(self.decoder["pad_id"]), self.decoder["padding_side"]
@@ -334,21 +340,41 @@ class PromptEncoderModule(InputModule):
                 return ids, length
             limit -= len(ids) - self.max_seq_length
 
+    def llm2vec_row(self, sentence: str) -> tuple[list[int], int]:
+        """(ids, n pooled): the sentence cut to its first tokens, the end text appended to it right-stripped,
+        `instruction.strip() + " " + text` tokenized whole with special tokens (the sentence cut further while the
+        row overflows); the last n tokens are pooled, n = the text's own token count (every token when the
+        instruction is pooled too)."""
+        spec, limit = self.llm2vec, self.max_sentence_tokens
+        instruction = spec["instruction"].strip()
+        while True:
+            text = self._cut(sentence, limit)
+            if spec["eos_suffix"] is not None:
+                text = text.rstrip() + spec["eos_suffix"]
+            ids = self.tokenizer(f"{instruction} {text}" if instruction else text)["input_ids"]
+            if len(ids) <= self.max_seq_length or limit <= 1:
+                break
+            limit -= len(ids) - self.max_seq_length
+        own = len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+        return ids, min(own, len(ids)) if spec["skip_instruction"] else len(ids)
+
     def decoder_preprocess(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        built = [self.decoder_row(text) for text in texts]
+        built = [self.llm2vec_row(text) if self.llm2vec else self.decoder_row(text) for text in texts]
         rows, lengths = [row for row, _ in built], [length for _, length in built]
         width = max((len(row) for row in rows), default=0)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
         pooled = torch.zeros(len(rows), dtype=torch.long)
+        span = torch.zeros((len(rows), width), dtype=torch.long)  # LLM2Vec: the pooled tokens, the row's last n
         for index, row in enumerate(rows):
             start = width - len(row) if self.padding_side == "left" else 0
             input_ids[index, start : start + len(row)] = torch.tensor(row)
             attention_mask[index, start : start + len(row)] = 1
             pooled[index] = start + len(row) - 1  # the row's last token: the template's own last token
+            span[index, start + len(row) - lengths[index] : start + len(row)] = 1
         return {"input_ids": input_ids, "attention_mask": attention_mask,
                 "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0), "pooled_positions": pooled,
-                "sentence_lengths": torch.tensor(lengths, dtype=torch.long)}
+                "sentence_lengths": torch.tensor(lengths, dtype=torch.long), "pooled_span": span}
 
     def tokenize(self, texts, **kwargs) -> dict[str, torch.Tensor]:  # sentence-transformers 5.x entry point
         return self.preprocess(texts, **kwargs)
@@ -423,10 +449,27 @@ class PromptEncoderModule(InputModule):
         return features
 
     def decoder_forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """hidden_states[layer] (the last one is after the final norm) at each row's pooled position."""
-        out = self.model(input_ids=features["input_ids"], attention_mask=features["attention_mask"],
-                         position_ids=features["position_ids"], use_cache=False, output_hidden_states=True)
+        """hidden_states[layer] (the last one is after the final norm) at each row's pooled position; LLM2Vec: of
+        the bidirectional forward, pooled over the span as its pooling mode says."""
+        mask = {"attention_mask": features["attention_mask"]}
+        if self.llm2vec:
+            from transformers.masking_utils import create_bidirectional_mask
+
+            plain = features["attention_mask"]
+            stub = torch.empty((*plain.shape, 0), dtype=self.model.dtype, device=plain.device)
+            mask = {"attention_mask": create_bidirectional_mask(self.model.config, stub, plain,
+                                                                allow_is_bidirectional_skip=False),
+                    "is_causal": False}
+        out = self.model(input_ids=features["input_ids"], position_ids=features["position_ids"], use_cache=False,
+                         output_hidden_states=True, **mask)
         states = out.hidden_states[self.layer]
         rows = torch.arange(states.shape[0], device=states.device)
-        features.update(token_embeddings=states, sentence_embedding=states[rows, features["pooled_positions"]])
+        embedding = states[rows, features["pooled_positions"]]
+        mode = self.llm2vec["pooling_mode"] if self.llm2vec else "last_token"
+        if mode == "mean":
+            embedding = self.masked_mean(states, features["pooled_span"])
+        elif mode == "weighted_mean":  # weights 1..n over the span, in order
+            ranks = (features["pooled_span"].cumsum(1) * features["pooled_span"]).to(states.dtype)
+            embedding = (states * (ranks / ranks.sum(1, keepdim=True).clamp_min(1)).unsqueeze(-1)).sum(1)
+        features.update(token_embeddings=states, sentence_embedding=embedding)
         return features

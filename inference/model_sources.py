@@ -36,7 +36,7 @@ class TrainedModel:
 
     encoder: Encoder
     poolers: list[Pooler]
-    template: Template
+    template: Template | None  # None: its poolers bring their own input form (LLM2Vec)
     sentence_rule: str
     max_sentence_tokens: int | None
     source: dict = field(default_factory=dict)  # provenance: kind, path, checkpoint sha256 and step / export record
@@ -134,6 +134,9 @@ def check_input_form(model: TrainedModel, template: str | None, sentence_rule: s
     """A trained model is scored with the input form it was trained / exported with: an explicitly different
     template, sentence rule or token limit is refused rather than silently replaced."""
     what = model.source.get("kind", "model")
+    if template and model.template is None:
+        raise ConfigError(f"this {what} reads the plain sentence (LLM2Vec's input format, no template); drop the "
+                          "template= / template.text= override to use it, or score the base model instead")
     if template and Template(template).text != model.template.text:
         raise ConfigError(f"this {what} was trained with template {model.template.text!r}; drop the template= / "
                           "template.text= override to use it, or score the base model instead")

@@ -37,13 +37,16 @@ from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.cls import CLSPooler
 from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
+from promptemb.poolers.llm2vec import LLM2VecPooler
 from promptemb.poolers.mask import MaskPooler
 from promptemb.poolers.mean import MeanPooler
 
 FORMAT_VERSION = 1
-POOLERS = ("mask", "avg", "last_token", "cls")
+POOLERS = ("mask", "avg", "last_token", "cls", "llm2vec")
 #: the one pooler a decoder (causal LM) exports: its template's last token
 DECODER_POOLER = "last_token"
+#: what a decoder trained by an LLM2Vec recipe exports: its LLM2Vec pooling of the bidirectional model
+LLM2VEC_POOLER = "llm2vec"
 #: `adapter=` of a LoRA-recipe checkpoint: fold the adapter into full weights, or keep it as peft files on the base
 ADAPTER_MODES = ("merge", "keep")
 #: where a kept adapter's peft files go inside an export
@@ -104,7 +107,7 @@ class PromptEncoder:
         transformer: torch.nn.Module,
         tokenizer,
         *,
-        template: str,
+        template: str | None,
         sentence_rule: str = "none",
         pooler: str = "mask",
         layer: int = -1,
@@ -119,11 +122,14 @@ class PromptEncoder:
         source: dict | None = None,
         padding_side: str = "left",
         adapter: dict | None = None,
+        llm2vec: dict | None = None,
     ):
         """Decoders: `pooler="last_token"` (the template's last token at `layer`), `padding_side` as the framework's
         decoder inputs (embeddings do not depend on it), `adapter` the record of a kept LoRA adapter (base model
         name and weights sha256) when `transformer` is a peft model. `deep_prompt`: DCPCSE's prefixes, attached to
-        `transformer` here (its forwards attend over them); `pooler="cls"` is its [CLS] (through `head` if given)."""
+        `transformer` here (its forwards attend over them); `pooler="cls"` is its [CLS] (through `head` if given).
+        `pooler="llm2vec"` (a decoder of an LLM2Vec recipe; `template` None): `llm2vec` holds the `LLM2VecPooler`'s
+        pooling_mode, instruction, eos and skip_instruction; the decoder runs bidirectionally."""
         if pooler not in POOLERS:
             raise ConfigError(f"unknown export pooler {pooler!r}; valid: {', '.join(POOLERS)}")
         if pooler == "cls" and deep_prompt is None:
@@ -131,10 +137,13 @@ class PromptEncoder:
                               "none: use pooler=mask or avg")
         if deep_prompt is not None and pooler not in ("cls", "avg"):
             raise ConfigError(f"a model with deep prompts (DCPCSE) exports pooler=cls or avg, not {pooler}")
+        if (pooler == LLM2VEC_POOLER) != (llm2vec is not None):
+            raise ConfigError("pooler=llm2vec is the pooling of a decoder trained by an LLM2Vec recipe; export its "
+                              "checkpoint (the pooling comes from it), or use another pooler")
         self.deep_prompt = deep_prompt
         if deep_prompt is not None:
             deep_prompt.attach(transformer)
-        self.template = Template(template)
+        self.template = None if template is None else Template(template)
         self.sentence_rule = sentence_rule
         self.pooler_name = pooler
         self.layer, self.denoise, self.head = layer, bool(denoise) and pooler == "mask", head
@@ -146,18 +155,26 @@ class PromptEncoder:
                                           batch_size=batch_size, max_length=max_length, input_embedder=soft_template,
                                           padding_side=padding_side)
         self.is_decoder = self.encoder.is_decoder
-        if self.is_decoder != (pooler == DECODER_POOLER):
+        if self.is_decoder != (pooler in (DECODER_POOLER, LLM2VEC_POOLER)):
             kind = "a decoder (causal LM)" if self.is_decoder else "an encoder"
             valid = DECODER_POOLER if self.is_decoder else "mask or avg"
             raise ConfigError(f"pooler={pooler} cannot be exported for {type(transformer).__name__}, {kind}: use "
                               f"pooler={valid}")
+        if llm2vec is not None:  # its own input form: the sentence in LLM2Vec's format, no template
+            self.pooler: Pooler = LLM2VecPooler(LLM2VEC_POOLER, layer=layer, **llm2vec)
+            self.encoder.check_poolers([self.pooler], None)
+            own = self.pooler.input_form()
+            self.builder = self.encoder.input_builder(InputForm(None, sentence_rule, max_sentence_tokens,
+                                                                own.decoder))
+            self.max_sentence_tokens = self.builder.max_sentence_tokens
+            return
         if self.is_decoder and "<PST>" in self.template.text:
             raise ConfigError(f"template {self.template.text!r} has a Token Prepending slot; its hooks are not part "
                               "of an export: export a plain last-token template")
         self.builder = self.encoder.input_builder(InputForm(self.template, sentence_rule, max_sentence_tokens))
         self.max_sentence_tokens = self.builder.max_sentence_tokens
         if pooler == "cls":
-            self.pooler: Pooler = CLSPooler("cls", layer) if head is None else CLSHeadPooler(head)
+            self.pooler = CLSPooler("cls", layer) if head is None else CLSHeadPooler(head)
         elif pooler == "mask":
             self.pooler = MaskPooler("mask", layer=layer, denoise=self.denoise, head=head,
                                              head_after_denoise=head_after_denoise)
@@ -285,7 +302,7 @@ class PromptEncoder:
             "format_version": FORMAT_VERSION,
             "framework_version": framework_version(),
             "model_kind": "decoder",
-            "template": self.template.text,
+            "template": None if self.template is None else self.template.text,
             "sentence_rule": self.sentence_rule,
             "prefix_ids": None,
             "suffix_ids": None,
@@ -299,12 +316,21 @@ class PromptEncoder:
                 "special_suffix_ids": [int(i) for i in builder.suffix_specials],
                 "position_ids": "real tokens counted from 0 (attention_mask.cumsum - 1)",
             },
-            "pooler": {"name": DECODER_POOLER, "layer": self.layer, "layers": [self.layer], "denoise": False,
+            "pooler": {"name": self.pooler_name, "layer": self.layer, "layers": [self.layer], "denoise": False,
                        "head": None},
+            "llm2vec": self._llm2vec_record(),
             "soft_template": None,
             "adapter": self.adapter,
             "source": self.source,
         }
+
+    def _llm2vec_record(self) -> dict | None:
+        """LLM2Vec's input format and pooling (poolers/llm2vec.py), with the resolved `eos_token` end text."""
+        if not isinstance(self.pooler, LLM2VecPooler):
+            return None
+        form = self.pooler.decoder.llm2vec
+        return {"pooling_mode": self.pooler.pooling_mode, "instruction": form.instruction, "eos": self.pooler.eos,
+                "eos_suffix": form.suffix, "skip_instruction": form.skip_instruction, "attention": "bidirectional"}
 
     # -- constructors ---------------------------------------------------------------------------------------------
 
@@ -345,11 +371,12 @@ class PromptEncoder:
         (the peft model on its base); `adapter` on any other checkpoint is a ConfigError."""
         checkpoint = read_checkpoint(path)
         class_path = module_class_path(checkpoint)
-        check_adapter_option(path, class_path, adapter)
+        check_adapter_option(path, class_path, adapter, checkpoint["hyper_parameters"])
         adapter_only = class_path in ADAPTER_CLASSES
-        if adapter_only and kwargs.pop("pooler", None) not in (None, DECODER_POOLER):
-            raise ConfigError(f"{path} is a decoder checkpoint: it exports pooler={DECODER_POOLER} (the template's "
-                              "last token); drop pooler=")
+        own = LLM2VEC_POOLER if ".llm2vec." in class_path else DECODER_POOLER
+        if adapter_only and kwargs.pop("pooler", None) not in (None, own):
+            what = "its LLM2Vec pooling" if own == LLM2VEC_POOLER else "the template's last token"
+            raise ConfigError(f"{path} is a decoder checkpoint: it exports pooler={own} ({what}); drop pooler=")
         if adapter_only and kwargs.pop("denoise", None) is not None:
             raise ConfigError(f"{path} is a decoder checkpoint: template denoising is defined for [MASK] templates "
                               "only; drop denoise=")
@@ -363,24 +390,32 @@ class PromptEncoder:
     @classmethod
     def from_adapter_module(cls, module, *, adapter: str | None = None, batch_size: int = 64,
                             source: dict | None = None) -> PromptEncoder:
-        """A LoRA-recipe module (`PromptEOLSup`) as the checkpoint is scored: its evaluation template's last token.
-        `adapter="merge"`: the adapter folded into a copy of the base weights (the module stays unmerged); "keep" or
-        None: the peft model itself, recorded with the base model's name and weights sha256."""
+        """A LoRA-recipe module as the checkpoint is scored: `PromptEOLSup` its evaluation template's last token, an
+        LLM2Vec recipe its LLM2Vec pooling of the bidirectional model. `adapter="merge"`: the adapter folded into a
+        copy of the base weights (the module stays unmerged); "keep" or None: the peft model itself, recorded with the
+        base model's name and weights sha256."""
         from promptemb.lightning_modules.prompteol import merged_copy
 
         hparams = module.hparams
+        quantization = hparams.get("quantization")
         if adapter == "merge":
-            if hparams.quantization is not None:
+            if quantization is not None:
                 raise ConfigError("a 4-bit (QLoRA) base cannot be merged exactly; export with adapter=keep")
             transformer, kept = merged_copy(module).eval(), None
         else:
             transformer = module.transformer
             kept = {"base_model": hparams.model_name_or_path, "base_weights_sha256": module.base_weights_sha256,
-                    "dir": ADAPTER_DIR, "dtype": hparams.dtype, "quantization": hparams.quantization}
+                    "dir": ADAPTER_DIR, "dtype": hparams.dtype, "quantization": quantization}
+        llm2vec = None
+        if isinstance(module.pooler, LLM2VecPooler):
+            form = module.pooler.decoder.llm2vec
+            llm2vec = {"pooling_mode": module.pooler.pooling_mode, "instruction": form.instruction,
+                       "eos": module.pooler.eos, "skip_instruction": form.skip_instruction}
         return cls(
-            transformer, module.tokenizer, template=module.eval_template.text, sentence_rule=hparams.sentence_rule,
-            pooler=DECODER_POOLER, layer=module.pooler.layer, max_length=module.max_length, max_sentence_tokens=None,
-            batch_size=batch_size, padding_side=hparams.padding_side, adapter=kept,
+            transformer, module.tokenizer, template=None if llm2vec else module.eval_template.text,
+            sentence_rule=hparams.sentence_rule, pooler=LLM2VEC_POOLER if llm2vec else DECODER_POOLER,
+            layer=module.pooler.layer, max_length=module.max_length, max_sentence_tokens=None,
+            batch_size=batch_size, padding_side=hparams.padding_side, adapter=kept, llm2vec=llm2vec,
             source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
                     "base_model": hparams.model_name_or_path, "adapter_export": adapter or "keep",
                     **matryoshka_record(module), **(source or {})},
@@ -462,9 +497,11 @@ class PromptEncoder:
             transformer = load_kept_adapter(directory, record["adapter"], base_model)
         else:
             transformer = load_exported_transformer(directory)
-        spec, decoder = record["pooler"], record["decoder"]
+        spec, decoder, llm2vec = record["pooler"], record["decoder"], record.get("llm2vec")
+        if llm2vec is not None:
+            llm2vec = {key: llm2vec[key] for key in ("pooling_mode", "instruction", "eos", "skip_instruction")}
         encoder = cls(transformer.to(device).eval(), tokenizer, template=record["template"],
-                      sentence_rule=record["sentence_rule"], pooler=DECODER_POOLER, layer=spec["layer"],
+                      sentence_rule=record["sentence_rule"], pooler=spec["name"], llm2vec=llm2vec, layer=spec["layer"],
                       max_length=record["max_length"], max_sentence_tokens=record["max_sentence_tokens"],
                       batch_size=batch_size, padding_side=decoder["padding_side"], adapter=record.get("adapter"),
                       source={**record.get("source", {}), "export_dir": str(directory.resolve()), **verification})
@@ -505,15 +542,19 @@ def load_kept_adapter(directory: Path, adapter: dict, base_model: str | None = N
     return peft.PeftModel.from_pretrained(base, str(directory / adapter["dir"])).eval()
 
 
-def check_adapter_option(path: str | Path, class_path: str, adapter: str | None) -> None:
-    """`adapter=` is for checkpoints of the LoRA recipe only, and is merge or keep."""
+def check_adapter_option(path: str | Path, class_path: str, adapter: str | None, hparams: dict) -> None:
+    """`adapter=` is for checkpoints of the LoRA recipes only, and is merge or keep; a contrastive LLM2Vec adapter
+    sits on the base with the MNTP adapter merged in, which no kept adapter can name: merge only."""
     if adapter is None:
         return
     if adapter not in ADAPTER_MODES:
         raise ConfigError(f"unknown adapter={adapter}; valid: {', '.join(ADAPTER_MODES)}")
     if class_path not in ADAPTER_CLASSES:
-        raise ConfigError(f"adapter={adapter} applies to checkpoints of the LoRA recipe (PromptEOLSup); {path} is a "
-                          f"{class_path.rsplit('.', 1)[1]} checkpoint with full weights: drop adapter=")
+        raise ConfigError(f"adapter={adapter} applies to checkpoints of the LoRA recipes (PromptEOLSup, LLM2Vec); "
+                          f"{path} is a {class_path.rsplit('.', 1)[1]} checkpoint with full weights: drop adapter=")
+    if adapter == "keep" and hparams.get("mntp_adapter"):
+        raise ConfigError(f"adapter=keep: {path} was trained on an MNTP adapter merged into its base, which a kept "
+                          "adapter cannot name; export with adapter=merge (full weights)")
 
 
 def training_data(checkpoint: dict) -> dict:

@@ -24,11 +24,16 @@ MODULE_CLASSES = {
     "promptemb.lightning_modules.prompteol.PromptEOLSup",
     "promptemb.lightning_modules.angle_recipe.AnglE",
     "promptemb.lightning_modules.dcpcse.DCPCSE",
+    "promptemb.lightning_modules.llm2vec.LLM2VecMNTP",
+    "promptemb.lightning_modules.llm2vec.LLM2VecContrastive",
 }
 #: Recipes whose checkpoints hold only a LoRA adapter: rebuilt by their own loader, which checks the base model.
 ADAPTER_CLASSES = {
     "promptemb.lightning_modules.prompteol.PromptEOLSup":
         "promptemb.lightning_modules.prompteol.load_adapter_checkpoint",
+    "promptemb.lightning_modules.llm2vec.LLM2VecMNTP": "promptemb.lightning_modules.llm2vec.load_adapter_checkpoint",
+    "promptemb.lightning_modules.llm2vec.LLM2VecContrastive":
+        "promptemb.lightning_modules.llm2vec.load_adapter_checkpoint",
 }
 #: where a training run's lineage (training/lineage.py: corpus, settings, base weights) is recorded in its checkpoints
 LINEAGE_KEY = "promptemb_lineage"

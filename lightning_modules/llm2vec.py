@@ -18,6 +18,7 @@ in three steps, each a LoRA recipe on the bidirectional model (`encoder/bidirect
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from promptemb.common.bounds import AtLeastOne, Fraction, Positive, TokenLimit
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.optional import require
+from promptemb.data.checksums import sha256_file
 from promptemb.encoder.bidirectional import check_bidirectional_family
 from promptemb.encoder.decoder import DecoderInputBuilder, PaddingSide, is_causal_lm, run_decoder
 from promptemb.encoder.loading import DTYPES, DType, check_model_source
@@ -32,6 +34,7 @@ from promptemb.encoder.pooling import Needs
 from promptemb.encoder.template import SentenceRule
 from promptemb.lightning_modules.checkpoint import read_checkpoint
 from promptemb.lightning_modules.prompteol import (
+    ADAPTER_RECORD,
     SELECTION_POOLER_NAME,
     PromptEOLSup,
     is_adapter_key,
@@ -117,6 +120,8 @@ class LLM2VecContrastive(PromptEOLSup):
         if arguments["dtype"] not in DTYPES:
             raise ConfigError(f"unknown dtype {arguments['dtype']!r}; valid: {', '.join(DTYPES)}")
         check_llm2vec_model(self.RECIPE, name)  # an encoder or another family: one line before any weight loads
+        if arguments.get("mntp_adapter"):  # recorded absolute: the checkpoint reloads from any working directory
+            arguments["mntp_adapter"] = str(Path(arguments["mntp_adapter"]).resolve())
         self.save_hyperparameters(arguments)
         self.optimizer_factory = optimizer or DEFAULT_OPTIMIZER
         self.scheduler_factory = scheduler or DEFAULT_SCHEDULER
@@ -126,8 +131,10 @@ class LLM2VecContrastive(PromptEOLSup):
             raise DataError(f"the adapter was trained on base weights sha256 {base_weights_sha256[:12]}…, but "
                             f"{name!r} has {self.base_weights_sha256[:12]}…; pass base_model= the model it was "
                             "trained from")
+        self.mntp_adapter_sha256 = None
         if arguments.get("mntp_adapter"):
             model = merge_mntp_adapter(peft, model, arguments["mntp_adapter"], self.base_weights_sha256)
+            self.mntp_adapter_sha256 = sha256_file(Path(arguments["mntp_adapter"]), cached=False)
         self.transformer = self._with_adapter(peft, model, None, arguments.get("gradient_checkpointing", False))
         self.max_length = arguments["max_length"] or min(int(getattr(self.tokenizer, "model_max_length", 512)
                                                              or 512), 512)
@@ -179,6 +186,40 @@ class LLM2VecContrastive(PromptEOLSup):
                 return self.pooled(sentences, self.builders[0], self.pooler)
         finally:
             self.train(was_training)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)  # the adapter only, with the base model's name and weights sha256
+        checkpoint[ADAPTER_RECORD]["mntp_adapter_sha256"] = self.mntp_adapter_sha256
+
+
+def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> LLM2VecContrastive:
+    """The module of an LLM2VecMNTP / LLM2VecContrastive checkpoint in eval mode: its base model (recorded name, or
+    `base_model`), the MNTP adapter it was trained on merged in (the very file: its sha256 is recorded), and the
+    trained adapter. A base or MNTP adapter other than the recorded one is refused in one line."""
+    checkpoint = read_checkpoint(path)
+    record = checkpoint.get(ADAPTER_RECORD)
+    if not isinstance(record, dict) or "base_weights_sha256" not in record:
+        raise DataError(f"checkpoint {path} holds no LoRA adapter record; pass a checkpoint of an LLM2Vec recipe")
+    hparams = dict(checkpoint["hyper_parameters"])
+    if base_model:
+        hparams["model_name_or_path"] = base_model
+    mntp = hparams.get("mntp_adapter")
+    if mntp:
+        if not Path(mntp).is_file():
+            raise DataError(f"checkpoint {path} was trained on the MNTP adapter {mntp}, which no longer exists; put "
+                            "that checkpoint back where it was")
+        if sha256_file(Path(mntp), cached=False) != record.get("mntp_adapter_sha256"):
+            raise DataError(f"checkpoint {path} was trained on another MNTP adapter than the one now at {mntp} "
+                            "(sha256 differs from the recorded one); put the original checkpoint back there")
+    module_class = LLM2VecMNTP if str(checkpoint.get("promptemb_module", "")).endswith("LLM2VecMNTP") \
+        else LLM2VecContrastive
+    module = module_class(**hparams, base_weights_sha256=record["base_weights_sha256"])
+    try:
+        module.load_state_dict(checkpoint["state_dict"])
+    except RuntimeError as err:
+        raise DataError(f"checkpoint {path}: {str(err).splitlines()[0]}") from None
+    module.eval()
+    return module
 
 
 class _Bound:
