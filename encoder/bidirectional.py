@@ -17,8 +17,8 @@ import torch
 from promptemb.common.errors import ConfigError
 
 #: transformers model types whose bidirectional variant the official code ships and that are tested equal to it
-#: (its Gemma variant is not offered: see docs/decoders.md)
-BIDIRECTIONAL_FAMILIES = ("llama", "mistral", "qwen2")
+#: (`gemma` is Gemma 1, the official GemmaBiModel; Gemma 2 is another model type, without an official variant)
+BIDIRECTIONAL_FAMILIES = ("llama", "mistral", "qwen2", "gemma")
 #: attention implementations whose mask is the 4D tensor built here (flash attention takes no 4D mask)
 BIDIRECTIONAL_ATTENTION = ("eager", "sdpa")
 
@@ -36,7 +36,7 @@ def check_bidirectional_family(who: str, config) -> None:
 
 
 def bidirectional_arguments(transformer: torch.nn.Module, attention_mask: torch.Tensor) -> dict:
-    """The forward keywords that make one call of `transformer` (a LLaMA/Mistral/Qwen2 base model or causal LM)
+    """The forward keywords that make one call of `transformer` (a LLaMA/Mistral/Qwen2/Gemma base model or causal LM)
     bidirectional: the padding-only 4D mask for its attention implementation and `is_causal=False`."""
     from transformers.masking_utils import create_bidirectional_mask
 

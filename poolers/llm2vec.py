@@ -3,12 +3,13 @@ a decoder read as an encoder, with the causal mask removed and one of four pooli
 
 Followed: McGill-NLP/llm2vec 0.2.3 (= 312adcfb578b4023bfc9d3bcc83b6b87448ab059), `llm2vec/llm2vec.py`
 (`LLM2Vec.encode`, `_convert_to_str`, `prepare_for_tokenization`, `tokenize`, `get_pooling`) and
-`llm2vec/models/bidirectional_{llama,mistral,qwen2}.py`. For a sentence x and an instruction I (none by default):
+`llm2vec/models/bidirectional_{llama,mistral,qwen2,gemma}.py`. For a sentence x and an instruction I (none by
+default):
 
 * input: `I.strip() + " " + x` (x alone without I), tokenized whole with the tokenizer's special tokens (`<s>` for
   LLaMA); the `eos_token` mode right-strips x and appends an end text first (official: `" </s>"` for LLaMA and
-  Mistral configs, whatever their tokenizer's EOS is; `"<|endoftext|>"` for Qwen2), `eos=tokenizer` appends the
-  tokenizer's own EOS token instead;
+  Mistral configs, whatever their tokenizer's EOS is; `"<eos>"` for Gemma (1) configs; `"<|endoftext|>"` for
+  Qwen2), `eos=tokenizer` appends the tokenizer's own EOS token instead;
 * pooled span P: the last n positions, n = the token count of x (plus the end text) tokenized ALONE without special
   tokens (the official `embed_mask`): the instruction and `<s>` are never pooled, with or without an instruction;
   `skip_instruction=false` pools every real token;
@@ -36,7 +37,7 @@ PAPER = "BehnamGhader et al. 2024, LLM2Vec (McGill-NLP/llm2vec 0.2.3)"
 POOLING_MODES = ("mean", "weighted_mean", "eos_token", "last_token")
 #: the `eos_token` mode's end text per model type, as `LLM2Vec.prepare_for_tokenization` writes it (keyed there on the
 #: config class: LlamaConfig and MistralConfig append " </s>" even when their tokenizer's EOS is another token)
-OFFICIAL_EOS = {"llama": " </s>", "mistral": " </s>", "qwen2": "<|endoftext|>"}
+OFFICIAL_EOS = {"llama": " </s>", "mistral": " </s>", "qwen2": "<|endoftext|>", "gemma": "<eos>"}
 EOS_CHOICES = ("official", "tokenizer")
 
 

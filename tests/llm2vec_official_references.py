@@ -13,10 +13,14 @@ tokenizer (a byte-level BPE trained on the corpus below, stored as its tokenizer
 weights, drawn per parameter name from a seeded generator (`seed_weights`), so transformers 4.44 and 5.x hold the same
 tiny models without any weight file in the repository.
 
-Cases: tiny random LLaMA, Mistral and Qwen2 (2 blocks x 32, 4 heads, 2 KV heads), float32, CPU, eager attention;
-`LLM2Vec.encode` with each pooling mode (mean, weighted_mean, eos_token, last_token), without and with an
-instruction, batch size 4 over 7 sentences of different lengths (left padding inside each batch); the causal model
-(`enable_bidirectional=False`) with mean pooling. The official Qwen2 model is causal on the CPU (see `QWEN2_NOTE`).
+Cases: tiny random LLaMA, Mistral, Qwen2 and Gemma (Gemma 1, `GemmaBiModel`) (2 blocks x 32, 4 heads, 2 KV heads,
+head_dim 8), float32, CPU, eager attention; `LLM2Vec.encode` with each pooling mode (mean, weighted_mean, eos_token,
+last_token), without and with an instruction, batch size 4 over 7 sentences of different lengths (left padding inside
+each batch); the causal model (`enable_bidirectional=False`) with mean pooling. The official Qwen2 model is causal on
+the CPU (see `QWEN2_NOTE`); the official Gemma model overrides `_update_causal_mask` as LLaMA's and is bidirectional.
+Gemma's `eos_token` end text is `"<eos>"`, which the shared tokenizer has no token for (five plain tokens: the
+computation is the same either way). Gemma was added by the same command (llm2vec 0.2.3, transformers 4.44.2, torch
+2.13.0+cpu); the LLaMA, Mistral and Qwen2 cases, the losses and the MNTP cases came out byte-identical.
 MNTP (`mntp`): run_mntp.py's collators, `get_model_class`, `initialize_peft` and the causal-LM loss (`MNTP_CASES`).
 The contrastive stages' loss (`losses`): `HardNegativeNLLLoss` at scale 20 (SimCSE) and 50 (supervised).
 """
@@ -45,7 +49,7 @@ SENTENCES = [
 ]
 INSTRUCTION = "Retrieve semantically similar text: "
 POOLING_MODES = ("mean", "weighted_mean", "eos_token", "last_token")
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2", "gemma")
 SPECIALS = ["<unk>", "<s>", "</s>", "<|endoftext|>"]
 QWEN2_NOTE = ("llm2vec 0.2.3's Qwen2BiModel keeps Qwen2Model._update_causal_mask (no override) and transformers 4.44's "
               "eager and sdpa Qwen2 attention ignore the module's is_causal (sdpa: is_causal = causal_mask is None "
@@ -87,14 +91,19 @@ def load_tokenizer(tokenizer_json: str):
 
 
 def tiny_config(family: str, vocab_size: int, attn_implementation: str = "eager"):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config
 
-    config_class = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[family]
+    config_class = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "gemma": GemmaConfig}[family]
+    # Gemma's head_dim defaults to 256 whatever the width: 32 / 4 heads as the others
+    extra = {"head_dim": 8, "hidden_act": "gelu_pytorch_tanh"} if family == "gemma" else {}
     config = config_class(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                          bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False)
+                          bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False, **extra)
     if family == "mistral":
         config.sliding_window = None
+    if family == "gemma":
+        # transformers 4.44 reads `hidden_activation` (None: gelu_pytorch_tanh with a warning), 5.x `hidden_act`
+        config.hidden_activation = "gelu_pytorch_tanh"
     config._attn_implementation = attn_implementation
     return config
 
@@ -124,8 +133,9 @@ def seed_lora(model: torch.nn.Module, seed: int = SEED + 1) -> None:
 
 
 #: MNTP cases: (family, data_collator_type, mlm_probability) as the official train_configs/mntp/*.json set them
-#: (LLaMA-2, Llama-3, Sheared-LLaMA: default collator, 0.2; Mistral: all_mask, 0.8); LoRA r 4 (alpha 2r as
-#: run_mntp.py), dropout 0 so the gradient is deterministic; mask token "_" (mask_token_type blank)
+#: (LLaMA-2, Llama-3, Sheared-LLaMA: default collator, 0.2; Mistral: all_mask, 0.8; none for Gemma or Qwen2, so
+#: no case for them); LoRA r 4 (alpha 2r as run_mntp.py), dropout 0 so the gradient is deterministic; mask token "_"
+#: (mask_token_type blank)
 MNTP_CASES = (("llama", "default", 0.2), ("mistral", "all_mask", 0.8))
 MNTP_LORA_R = 4
 MNTP_MAX_LENGTH = 64
@@ -219,7 +229,8 @@ def main() -> None:
               "torch": torch.__version__, "python": sys.version.split()[0], "dtype": "float32", "seed": SEED,
               "sha256": {name: sha256(package / name) for name in ("llm2vec.py", "models/bidirectional_llama.py",
                                                                      "models/bidirectional_mistral.py",
-                                                                     "models/bidirectional_qwen2.py")},
+                                                                     "models/bidirectional_qwen2.py",
+                                                                     "models/bidirectional_gemma.py")},
               "tokenizer_json": tokenizer_json, "sentences": SENTENCES, "instruction": INSTRUCTION,
               "qwen2_note": QWEN2_NOTE, "cases": []}
     tokenizer = load_tokenizer(tokenizer_json)

@@ -70,7 +70,7 @@ def test_mntp_on_an_encoder_is_refused_before_its_weights_load(tiny_bert, monkey
 def test_unsupported_family_and_bad_arguments_are_one_line(tmp_path):
     gpt2 = save_tiny_decoder(tmp_path / "gpt2", "gpt2", layers=2)
     with pytest.raises(ConfigError, match=r"^LLM2VecContrastive needs bidirectional attention, which runs on "
-                                          r"llama, mistral, qwen2 decoders .* but the model is 'gpt2'$"):
+                                          r"llama, mistral, qwen2, gemma decoders .* but the model is 'gpt2'$"):
         LLM2VecContrastive(str(gpt2))
     for kwargs, pattern in [({"data_collator": "wwm"}, r"unknown data_collator 'wwm'; valid: default, all_mask"),
                             ({"mask_token_type": "mask"}, r"unknown mask_token_type 'mask'"),

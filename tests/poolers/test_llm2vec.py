@@ -1,6 +1,6 @@
 """LLM2Vec's bidirectional decoders and poolers against the official package's embeddings (llm2vec 0.2.3 =
 McGill-NLP/llm2vec@312adcf, tests/llm2vec_0.2.3.json made by tests/llm2vec_official_references.py in a side venv with
-transformers 4.44.2): tiny random LLaMA, Mistral and Qwen2, float32, every pooling mode with and without an
+transformers 4.44.2): tiny random LLaMA, Mistral, Qwen2 and Gemma, float32, every pooling mode with and without an
 instruction, to <= 1e-4 of the official tensor's largest entry."""
 
 from __future__ import annotations
@@ -69,10 +69,11 @@ def test_embeddings_match_official(reference_models, case):
     assert_close_scaled(actual, expected, RTOL, msg=case_id(case))
 
 
-def test_bidirectional_is_not_causal_and_sdpa_equals_eager(reference_models):
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_bidirectional_is_not_causal_and_sdpa_equals_eager(reference_models, family):
     """The mean of the bidirectional model differs from the causal one; sdpa and eager give the same embeddings."""
     sentences = REFERENCE["sentences"]
-    eager, sdpa = reference_models("llama", "eager"), reference_models("llama", "sdpa")
+    eager, sdpa = reference_models(family, "eager"), reference_models(family, "sdpa")
     poolers = build_poolers(["llm2vec_mean", "llm2vec_last_token"])
     causal = build_pooler("llm2vec", bidirectional=False)
     a = eager.embed(sentences, [*poolers, causal])
@@ -82,7 +83,7 @@ def test_bidirectional_is_not_causal_and_sdpa_equals_eager(reference_models):
     assert abs(a["llm2vec_mean"] - a["llm2vec"]).max() > 1e-2
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "gemma"])
 def test_first_token_sees_the_last(reference_models, family):
     """Bidirectional: the first token's state changes when only the last word of the sentence changes (Qwen2 too,
     whose official variant is causal on the CPU)."""
@@ -134,7 +135,7 @@ def test_unsupported_family_is_refused_before_its_weights_load(tmp_path, monkeyp
     directory = save_tiny_decoder(tmp_path / "gpt2", "gpt2", layers=2)
     monkeypatch.setattr(model_module, "load_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(ConfigError, match=r"^pooler 'llm2vec_mean' needs bidirectional attention, which runs on "
-                                          r"llama, mistral, qwen2 decoders .* but the model is 'gpt2'$"):
+                                          r"llama, mistral, qwen2, gemma decoders .* but the model is 'gpt2'$"):
         check_poolers_on_config(str(directory), build_poolers(["prompteol", "llm2vec_mean"]))
     check_poolers_on_config(str(directory), [build_pooler("llm2vec", bidirectional=False)])
 
