@@ -291,3 +291,31 @@ def test_mntp_under_two_ranks_averages_the_per_rank_token_means(tiny_llama, tmp_
     assert_tensors_close(single["joined"]["grads"], weighted, 1e-5)
     joined_loss = (counts[0] * per_rank[0]["loss"] + counts[1] * per_rank[1]["loss"]) / sum(counts)
     assert_close_scaled(single["joined"]["loss"], joined_loss, 1e-5, msg="joined loss")
+
+
+@pytest.mark.parametrize("recipe", ["mntp", "contrastive"])
+def test_gradient_clipping_under_ddp_clips_what_the_reference_clipped(tiny_llama, monkeypatch, recipe):
+    """2 ranks (emulated world size), trainer.gradient_clip_val 1.0, a gradient of norm 1.5 on every rank. MNTP's
+    gradient is the DDP mean of the per-rank gradients, what run_mntp.py's Trainer clipped at max_grad_norm: clipped
+    to 1.0. The contrastive recipes' gradient is the world size times that mean (training_step scales the loss), so
+    the threshold scales with it: 1.5 = 2 x 0.75 is not clipped, as the reference's 0.75 was not. Before: MNTP's
+    threshold was scaled by the world size too (2.0), so its 1.5 was not clipped."""
+    import pytorch_lightning as pl
+
+    from promptemb.lightning_modules import base
+
+    monkeypatch.setattr(base, "world_size", lambda: 2)
+    cls = LLM2VecMNTP if recipe == "mntp" else LLM2VecContrastive
+    module = cls(str(tiny_llama), lora_r=2, lora_alpha=4)
+    module.trainer = pl.Trainer(accelerator="cpu", gradient_clip_val=1.0, logger=False, enable_checkpointing=False)
+    params = [p for p in module.parameters() if p.requires_grad]
+    torch.manual_seed(0)
+    for parameter in params:
+        parameter.grad = torch.randn_like(parameter)
+    scale = 1.5 / torch.cat([p.grad.flatten() for p in params]).norm()
+    for parameter in params:
+        parameter.grad *= scale
+    module.configure_gradient_clipping(torch.optim.AdamW(params), 1.0, "norm")
+    norm = float(torch.cat([p.grad.flatten() for p in params]).norm())
+    # float32 norms of the same float32 gradients: round-off
+    assert norm == pytest.approx(1.0 if recipe == "mntp" else 1.5, rel=1e-5)
