@@ -319,7 +319,13 @@ class PromptContrastiveModule(pl.LightningModule):
         self.log("train/loss", on_host, prog_bar=True, batch_size=rows)
         # Each rank back-propagates through its own slice of the global similarity matrix; DDP averages gradients,
         # so scaling by the world size gives exactly the single-process gradient of the joined batch.
-        return to_backward(loss * world_size())
+        return to_backward(loss * self.ddp_gradient_scale())
+
+    def ddp_gradient_scale(self) -> int:
+        """The gradient here in units of the mean of the per-rank gradients (what DDP leaves under the reference
+        recipes, and what they clipped): the world size, by which `training_step` scales the loss;
+        `configure_gradient_clipping` scales its threshold by the same."""
+        return world_size()
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """`trainer.gradient_clip_val` clips what the reference recipes (Hugging Face Trainer, `max_grad_norm`)
@@ -335,7 +341,7 @@ class PromptContrastiveModule(pl.LightningModule):
         if not gradient_clip_val:
             return
         algorithm = GradClipAlgorithmType((gradient_clip_algorithm or "norm").lower())
-        threshold = gradient_clip_val * world_size()
+        threshold = gradient_clip_val * self.ddp_gradient_scale()
         plugin = self.trainer.precision_plugin
         if getattr(plugin, "scaler", None) is not None:
             plugin.clip_gradients(optimizer, threshold, algorithm)

@@ -337,6 +337,11 @@ class LLM2VecMNTP(LLM2VecContrastive):
     def setup(self, stage: str) -> None:
         return None  # no gradient caching to check: MNTP's loss is per token
 
+    def ddp_gradient_scale(self) -> int:
+        """1: `training_step` returns the per-rank token mean unscaled, so under DDP the gradient is the mean of the
+        per-rank gradients, what run_mntp.py's Trainer clipped; the clipping threshold is not scaled either."""
+        return 1
+
     def _mask_id(self) -> int:
         """run_mntp.py: the tokenizer's mask token, else `_` (blank) or the EOS token."""
         tokenizer = self.tokenizer

@@ -10,7 +10,7 @@ import torch
 from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules.llm2vec import LLM2VecContrastive, LLM2VecMNTP
 from tests.decoder_helpers import save_tiny_decoder
-from tests.helpers import assert_close_scaled
+from tests.helpers import assert_close_scaled, assert_tensors_close
 from tests.llm2vec_official_references import MNTP_MAX_LENGTH, SENTENCES, lora_key, seed_lora
 from tests.poolers.test_llm2vec import REFERENCE, save_reference_model
 from tests.training.test_train import nli_csv  # noqa: F401 (a fixture)
@@ -155,3 +155,167 @@ def test_mntp_adapter_is_merged_before_the_contrastive_adapter(tiny_llama, tmp_p
     other = save_tiny_decoder(tmp_path / "other", "llama", layers=2, hidden=32, seed=1)
     with pytest.raises(DataError, match=r"was trained on other base weights"):
         LLM2VecContrastive(str(other), mntp_adapter=str(path))
+
+
+# -- gradient caching and 2-rank DDP ------------------------------------------------------------------------------
+#: The modules below are float64 (tests/llm2vec_ddp_worker.py `build`) but for InfoNCE's fp32 logits (losses.py)
+#: and MNTP's fp32 cross-entropy. Chunked, cached and per-rank forwards hand InfoNCE the same embeddings up to
+#: float64 round-off (~1e-16, far below the fp32 rounding of the logits' inputs, so the same fp32 logits): loss and
+#: gradients agree to float64 round-off, observed <= 2e-15 of a tensor's largest entry (the loss: the same bits).
+#: A wrong gradient (a missing world-size factor, a rank's negatives left out, an unreplayed chunk) is off by far
+#: more. As tests/lightning_modules/test_grad_cache.py: relative to each tensor's largest entry, or to the largest
+#: of all where a tensor is zero in exact arithmetic (assert_tensors_close); the loss to the logits' scale 1/τ.
+DDP_TOL = 1e-9
+LOGIT_SCALE = 1 / 0.05  # 1/τ, LLM2VecContrastive's default temperature
+
+
+def contrastive_step(module, batch, seed: int = 1) -> tuple[torch.Tensor, int, dict[str, torch.Tensor]]:
+    """What Lightning back-propagates for one training step of one process: (loss, rows, LoRA gradients)."""
+    module.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss, rows, to_backward = module.contrastive_loss(batch)
+    to_backward(loss).backward()
+    grads = {name: p.grad.clone() for name, p in module.named_parameters() if p.requires_grad}
+    assert grads and all("lora_" in name and g.abs().sum() > 0 for name, g in grads.items())  # A and B both learn
+    return loss.detach(), rows, grads
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+@pytest.mark.parametrize("views", ["triplets", "dropout"])
+def test_gradient_caching_gives_the_full_batch_loss_and_lora_gradients(tiny_llama, views, chunk):
+    """5 triplets (query, positive, hard negative) or 5 sentences as SimCSE's two views, in chunks of 1 or 2 (a last
+    chunk of 1): the loss and every LoRA gradient of the plain step on the whole batch. Attention and LoRA dropout 0,
+    so both views and both passes are deterministic and the plain step is the reference."""
+    from tests.llm2vec_ddp_worker import SENTENCES as DDP_SENTENCES
+    from tests.llm2vec_ddp_worker import TRIPLETS, build
+
+    batch = TRIPLETS[:5] if views == "triplets" else DDP_SENTENCES[:5]
+    plain, cached = (contrastive_step(build(LLM2VecContrastive, str(tiny_llama), views=views, attention_dropout=0.0,
+                                            grad_cache_chunk_size=size), batch) for size in (None, chunk))
+    assert cached[1] == plain[1] == 5
+    assert_close_scaled(cached[0], plain[0], 0.0, atol=DDP_TOL * LOGIT_SCALE, msg="loss")
+    assert_tensors_close(cached[2], plain[2], DDP_TOL)
+
+
+def test_gradient_caching_replays_the_simcse_dropout(tiny_llama, monkeypatch):
+    """The recipe's SimCSE settings (attention dropout 0.3, LoRA dropout 0.05): the two passes give the loss and
+    gradients of the same chunks back-propagated with plain autograd, the same dropout masks drawn in pass 2 as in
+    pass 1 (attention dropout inside SDPA and LoRA's own dropout); without the RNG replay they are different."""
+    from promptemb.lightning_modules.grad_cache import RngState
+    from tests.lightning_modules.test_grad_cache import chunked_with_graph
+    from tests.llm2vec_ddp_worker import SENTENCES as DDP_SENTENCES
+
+    module = LLM2VecContrastive(str(tiny_llama), views="dropout", lora_r=2, lora_alpha=4, grad_cache_chunk_size=2)
+    seed_lora(module.transformer)
+    module.double().train()
+    assert module.hparams.attention_dropout == 0.3 and module.hparams.lora_dropout == 0.05
+    batch = DDP_SENTENCES[:5]
+    reference = chunked_with_graph(module, batch, 2)
+    loss, _, grads = contrastive_step(module, batch)
+    assert_close_scaled(loss, reference[0], 0.0, atol=DDP_TOL * LOGIT_SCALE, msg="loss")
+    assert_tensors_close(grads, reference[1], DDP_TOL)
+    first, second, _ = module.contrastive_views(batch)
+    assert (first - second).abs().max() > 1e-3  # dropout really is on: the two views differ
+    monkeypatch.setattr(RngState, "restore", lambda self: None)
+    unreplayed, _, wrong = contrastive_step(module, batch)
+    assert_close_scaled(unreplayed, reference[0], 0.0, atol=DDP_TOL * LOGIT_SCALE, msg="loss")  # same pass 1 ...
+    assert max(float((wrong[n] - g).abs().max() / g.abs().max()) for n, g in reference[1].items()) > 1e-2  # ... not 2
+
+
+def two_rank_runs(kind: str, tiny_llama, out: str) -> tuple[dict, list[dict]]:
+    """tests/llm2vec_ddp_worker.py as one process and as 2 gloo ranks: what each saved."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.training.test_ddp import free_port
+
+    worker, env = str(REPO / "tests" / "llm2vec_ddp_worker.py"), {**os.environ, "TINY_LLAMA": str(tiny_llama)}
+    subprocess.run([sys.executable, worker, kind, "0", "1", "0", f"{out}-single"], check=True, timeout=300, env=env)
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, worker, kind, str(r), "2", str(port), f"{out}-ddp"], env=env)
+             for r in range(2)]
+    assert [p.wait(timeout=300) for p in ranks] == [0, 0]
+    return torch.load(f"{out}-single.0"), [torch.load(f"{out}-ddp.{rank}") for rank in range(2)]
+
+
+def test_two_ranks_equal_one_process_on_the_joined_batch(tiny_llama, tmp_path):
+    """LLM2VecContrastive's training_step under real DistributedDataParallel (2 gloo ranks, 4 examples each): the
+    hard-negative stage, the same with gradient caching (chunks of 1), and SimCSE's views with dropout 0. InfoNCE
+    gathers the other rank's rows as negatives, training_step scales the loss by the world size and DDP averages the
+    gradients: every rank logs the joined batch's loss and ends with exactly one process's LoRA gradient on the
+    joined 8 examples."""
+    from tests.llm2vec_ddp_worker import CONTRASTIVE_CASES
+
+    single, ranks = two_rank_runs("contrastive", tiny_llama, str(tmp_path / "result"))
+    for rank in ranks:
+        assert sorted(rank, key=str) == sorted(CONTRASTIVE_CASES, key=str)
+        for (views, chunk), ddp in rank.items():
+            reference = single[(views, None)]
+            assert torch.isfinite(ddp["loss"]) and ddp["loss"] > 0
+            assert_close_scaled(ddp["loss"], reference["loss"], 0.0, atol=DDP_TOL * LOGIT_SCALE,
+                                msg=f"{views} views, chunk {chunk}: loss")
+            assert torch.equal(ddp["returned"], 2 * ddp["loss"])  # what training_step hands DDP: loss x world size
+            assert torch.equal(reference["returned"], reference["loss"])  # one process: the loss itself
+            assert_tensors_close(ddp["grads"], reference["grads"], DDP_TOL)
+
+
+def test_mntp_under_two_ranks_averages_the_per_rank_token_means(tiny_llama, tmp_path):
+    """MNTP under DDP: each rank's loss is the mean over its own masked tokens and training_step returns it
+    unscaled (no world-size factor, unlike the contrastive recipes: nothing is gathered across ranks), so DDP's
+    averaging leaves the mean of the per-rank gradients, what the official run_mntp.py gets under the Hugging Face
+    Trainer's DDP. That is not the token mean over the joined batch unless both ranks mask as many tokens (the
+    worker's masks differ in count: 19 and 17 tokens here), whose gradient is the count-weighted average instead."""
+    single, ranks = two_rank_runs("mntp", tiny_llama, str(tmp_path / "result"))
+    per_rank = [single[0], single[1]]  # one process on each rank's 4 sentences, with that rank's masks
+    counts = [int((part["batch"]["labels"] != -100).sum()) for part in per_rank]
+    assert counts[0] != counts[1] and min(counts) > 0  # the case where the two means differ
+    mean = {name: (per_rank[0]["grads"][name] + per_rank[1]["grads"][name]) / 2 for name in per_rank[0]["grads"]}
+    for rank, result in enumerate(ranks):
+        ddp = result[rank]
+        assert torch.equal(ddp["batch"]["labels"], per_rank[rank]["batch"]["labels"])  # same masks drawn
+        assert torch.isfinite(ddp["loss"]) and ddp["loss"] > 0
+        # the rank's loss is the single process's on that half (float64 model, fp32 cross-entropy: the same bits)
+        assert_close_scaled(ddp["loss"], per_rank[rank]["loss"], DDP_TOL, msg="loss")
+        assert torch.equal(ddp["returned"], ddp["loss"])  # not multiplied by the world size
+        # DDP's average of the two float64 gradients, (a + b) / 2: observed the same bits
+        assert_tensors_close(ddp["grads"], mean, DDP_TOL)
+        gap = max(float((ddp["grads"][n] - single["joined"]["grads"][n]).abs().max() / mean[n].abs().max())
+                  for n in mean)
+        assert gap > 1e-2, gap  # observed 7% of a tensor's largest entry: not the joined batch's token mean
+    # ... which is the count-weighted average of the per-rank gradients (MNTP's cross-entropy runs in fp32:
+    # round-off of fp32 terms, observed 1.3e-7 of a tensor's largest entry)
+    weighted = {name: (counts[0] * per_rank[0]["grads"][name] + counts[1] * per_rank[1]["grads"][name]) / sum(counts)
+                for name in mean}
+    assert_tensors_close(single["joined"]["grads"], weighted, 1e-5)
+    joined_loss = (counts[0] * per_rank[0]["loss"] + counts[1] * per_rank[1]["loss"]) / sum(counts)
+    assert_close_scaled(single["joined"]["loss"], joined_loss, 1e-5, msg="joined loss")
+
+
+@pytest.mark.parametrize("recipe", ["mntp", "contrastive"])
+def test_gradient_clipping_under_ddp_clips_what_the_reference_clipped(tiny_llama, monkeypatch, recipe):
+    """2 ranks (emulated world size), trainer.gradient_clip_val 1.0, a gradient of norm 1.5 on every rank. MNTP's
+    gradient is the DDP mean of the per-rank gradients, what run_mntp.py's Trainer clipped at max_grad_norm: clipped
+    to 1.0. The contrastive recipes' gradient is the world size times that mean (training_step scales the loss), so
+    the threshold scales with it: 1.5 = 2 x 0.75 is not clipped, as the reference's 0.75 was not. Before: MNTP's
+    threshold was scaled by the world size too (2.0), so its 1.5 was not clipped."""
+    import pytorch_lightning as pl
+
+    from promptemb.lightning_modules import base
+
+    monkeypatch.setattr(base, "world_size", lambda: 2)
+    cls = LLM2VecMNTP if recipe == "mntp" else LLM2VecContrastive
+    module = cls(str(tiny_llama), lora_r=2, lora_alpha=4)
+    module.trainer = pl.Trainer(accelerator="cpu", gradient_clip_val=1.0, logger=False, enable_checkpointing=False)
+    params = [p for p in module.parameters() if p.requires_grad]
+    torch.manual_seed(0)
+    for parameter in params:
+        parameter.grad = torch.randn_like(parameter)
+    scale = 1.5 / torch.cat([p.grad.flatten() for p in params]).norm()
+    for parameter in params:
+        parameter.grad *= scale
+    module.configure_gradient_clipping(torch.optim.AdamW(params), 1.0, "norm")
+    norm = float(torch.cat([p.grad.flatten() for p in params]).norm())
+    # float32 norms of the same float32 gradients: round-off
+    assert norm == pytest.approx(1.0 if recipe == "mntp" else 1.5, rel=1e-5)
