@@ -192,3 +192,9 @@ def test_train_py_chain_then_evaluate_py_and_export_score_as_training_did(chain,
         assert results["scores"][name]["STSBenchmark"] == pytest.approx(expected, abs=1e-9), source
     record = json.loads((simcse_run / "export" / "config.json").read_text())["promptemb"]
     assert record["source"]["module"].endswith("LLM2VecContrastive") and record["llm2vec"]["pooling_mode"] == "mean"
+    # evaluate.py mode=encode on the export: its own pooler, the embeddings load_encoder gives
+    (tmp_path / "in.txt").write_text("\n".join(CASES[:4]) + "\n")
+    embeddings = evaluate_in_process(simcse_run / "export", real_data_root, tmp_path / "unused", "mode=encode",
+                                     "pooler=llm2vec", f"input={tmp_path / 'in.txt'}",
+                                     f"output={tmp_path / 'out.npy'}")
+    assert_close_scaled(embeddings, load_encoder(simcse_run / "export", device="cpu").encode(CASES[:4]), TOL)
