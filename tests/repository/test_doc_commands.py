@@ -66,8 +66,11 @@ SYNOPSES = {
         "+clustering_args.n_init=2",
 }
 #: train.py / train_throughput.py: what needs a GPU, bert-base, a download or W&B online -> composed only.
-COMPOSE_ONLY = re.compile(r"trainer=(gpu|ddp)\b|experiment=(promptbert_unsup|promptbert_sup|optiprompt)\b|"
+COMPOSE_ONLY = re.compile(r"trainer=(gpu|ddp)\b|experiment=(promptbert_unsup|promptbert_sup|optiprompt|"
+                          r"llm2vec_mntp|llm2vec_simcse|llm2vec_sup)\b|"
                           r"backbone=(bert_base|roberta_base)\b|trainer\.precision=bf16")
+#: train.py recipes that fine-tune a decoder: shortened on the tiny LLaMA, which also stands in for a fetched decoder
+DECODER_EXPERIMENT = re.compile(r"experiment=\w*(prompteol|llm2vec)")
 #: ... but a bench command that builds its model (`--random-bert`) and reads the local corpus (`data=local_text`)
 #: downloads nothing whatever its recipe: it runs, shortened.
 RUNS_LOCALLY = ("--random-bert ", "data=local_text")
@@ -189,7 +192,12 @@ def shortened(command: str) -> str:
         command = shorten_tasks(command, "callbacks.sts_evaluation.final_tasks")
         search = SEARCH_SHORT if "hparams_search=" in command else {}
         command = family_settings(command, "callbacks.sts_evaluation.")
-        return with_defaults(command, {**TRAIN_SHORT, **search})
+        defaults = {**TRAIN_SHORT, **search}
+        if DECODER_EXPERIMENT.search(command):
+            command = command.replace("backbone.name_or_path=model:smollm2-135m-instruct",
+                                      "backbone.name_or_path={tiny_decoder}")
+            defaults["backbone.name_or_path"] = "{tiny_decoder}"
+        return with_defaults(command, defaults)
     if command.startswith("python evaluate.py") and COMPOSE_ONLY_EVAL.search(command):
         return command + " --cfg job"
     if command.startswith("python evaluate.py"):

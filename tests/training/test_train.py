@@ -68,7 +68,9 @@ def test_experiment_list():
                                   "promptbert_unsup_roberta", "prompteol_sup", "quickstart_angle",
                                   "quickstart_angle_triplets", "quickstart_dcpcse_sup",
                                   "quickstart_dcpcse_unsup", "quickstart_llm2vec_mntp",
-                                  "quickstart_llm2vec_simcse", "quickstart_llm2vec_sup", "quickstart_optiprompt",
+                                  "quickstart_llm2vec_mntp_smollm2", "quickstart_llm2vec_simcse",
+                                  "quickstart_llm2vec_simcse_smollm2", "quickstart_llm2vec_sup",
+                                  "quickstart_llm2vec_sup_smollm2", "quickstart_optiprompt",
                                   "quickstart_prompteol_sup", "quickstart_prompteol_sup_smollm2", "quickstart_sup",
                                   "quickstart_sup_mpnet", "quickstart_unsup", "quickstart_unsup_mpnet"]
 
@@ -77,7 +79,8 @@ def test_experiment_list():
 #: tests/lightning_modules/test_prompteol_sup.py and test_llm2vec.py run them on a tiny LLaMA.
 DECODER_EXPERIMENTS = ("prompteol_sup", "quickstart_prompteol_sup", "quickstart_prompteol_sup_smollm2",
                        "llm2vec_mntp", "quickstart_llm2vec_mntp", "llm2vec_simcse", "quickstart_llm2vec_simcse",
-                       "llm2vec_sup", "quickstart_llm2vec_sup")
+                       "llm2vec_sup", "quickstart_llm2vec_sup", "quickstart_llm2vec_mntp_smollm2",
+                       "quickstart_llm2vec_simcse_smollm2", "quickstart_llm2vec_sup_smollm2")
 
 
 @pytest.mark.parametrize("name", [name for name in experiment_names() if name not in DECODER_EXPERIMENTS])
