@@ -37,6 +37,7 @@ from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.cls import CLSPooler
 from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
+from promptemb.poolers.llm2vec import SETTINGS as LLM2VEC_SETTINGS
 from promptemb.poolers.llm2vec import LLM2VecPooler
 from promptemb.poolers.mask import MaskPooler
 from promptemb.poolers.mean import MeanPooler
@@ -328,9 +329,8 @@ class PromptEncoder:
         """LLM2Vec's input format and pooling (poolers/llm2vec.py), with the resolved `eos_token` end text."""
         if not isinstance(self.pooler, LLM2VecPooler):
             return None
-        form = self.pooler.decoder.llm2vec
-        return {"pooling_mode": self.pooler.pooling_mode, "instruction": form.instruction, "eos": self.pooler.eos,
-                "eos_suffix": form.suffix, "skip_instruction": form.skip_instruction, "attention": "bidirectional"}
+        return {**self.pooler.settings(), "eos_suffix": self.pooler.decoder.llm2vec.suffix,
+                "attention": "bidirectional"}
 
     # -- constructors ---------------------------------------------------------------------------------------------
 
@@ -406,11 +406,7 @@ class PromptEncoder:
             transformer = module.transformer
             kept = {"base_model": hparams.model_name_or_path, "base_weights_sha256": module.base_weights_sha256,
                     "dir": ADAPTER_DIR, "dtype": hparams.dtype, "quantization": quantization}
-        llm2vec = None
-        if isinstance(module.pooler, LLM2VecPooler):
-            form = module.pooler.decoder.llm2vec
-            llm2vec = {"pooling_mode": module.pooler.pooling_mode, "instruction": form.instruction,
-                       "eos": module.pooler.eos, "skip_instruction": form.skip_instruction}
+        llm2vec = module.pooler.settings() if isinstance(module.pooler, LLM2VecPooler) else None
         return cls(
             transformer, module.tokenizer, template=None if llm2vec else module.eval_template.text,
             sentence_rule=hparams.sentence_rule, pooler=LLM2VEC_POOLER if llm2vec else DECODER_POOLER,
@@ -498,8 +494,8 @@ class PromptEncoder:
         else:
             transformer = load_exported_transformer(directory)
         spec, decoder, llm2vec = record["pooler"], record["decoder"], record.get("llm2vec")
-        if llm2vec is not None:
-            llm2vec = {key: llm2vec[key] for key in ("pooling_mode", "instruction", "eos", "skip_instruction")}
+        if llm2vec is not None:  # the pooling's settings (the record also holds what they resolved to)
+            llm2vec = {key: llm2vec[key] for key in LLM2VEC_SETTINGS}
         encoder = cls(transformer.to(device).eval(), tokenizer, template=record["template"],
                       sentence_rule=record["sentence_rule"], pooler=spec["name"], llm2vec=llm2vec, layer=spec["layer"],
                       max_length=record["max_length"], max_sentence_tokens=record["max_sentence_tokens"],

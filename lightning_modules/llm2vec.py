@@ -38,6 +38,8 @@ from promptemb.lightning_modules.prompteol import (
     SELECTION_POOLER_NAME,
     PromptEOLSup,
     is_adapter_key,
+    read_adapter_checkpoint,
+    restore_adapter_module,
     weights_sha256,
 )
 from promptemb.poolers.llm2vec import POOLING_MODES, LLM2VecPooler
@@ -196,13 +198,7 @@ def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> 
     """The module of an LLM2VecMNTP / LLM2VecContrastive checkpoint in eval mode: its base model (recorded name, or
     `base_model`), the MNTP adapter it was trained on merged in (the very file: its sha256 is recorded), and the
     trained adapter. A base or MNTP adapter other than the recorded one is refused in one line."""
-    checkpoint = read_checkpoint(path)
-    record = checkpoint.get(ADAPTER_RECORD)
-    if not isinstance(record, dict) or "base_weights_sha256" not in record:
-        raise DataError(f"checkpoint {path} holds no LoRA adapter record; pass a checkpoint of an LLM2Vec recipe")
-    hparams = dict(checkpoint["hyper_parameters"])
-    if base_model:
-        hparams["model_name_or_path"] = base_model
+    checkpoint, record, hparams = read_adapter_checkpoint(path, base_model, "an LLM2Vec recipe")
     mntp = hparams.get("mntp_adapter")
     if mntp:
         if not Path(mntp).is_file():
@@ -213,13 +209,7 @@ def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> 
                             "(sha256 differs from the recorded one); put the original checkpoint back there")
     module_class = LLM2VecMNTP if str(checkpoint.get("promptemb_module", "")).endswith("LLM2VecMNTP") \
         else LLM2VecContrastive
-    module = module_class(**hparams, base_weights_sha256=record["base_weights_sha256"])
-    try:
-        module.load_state_dict(checkpoint["state_dict"])
-    except RuntimeError as err:
-        raise DataError(f"checkpoint {path}: {str(err).splitlines()[0]}") from None
-    module.eval()
-    return module
+    return restore_adapter_module(module_class, path, checkpoint, record, hparams)
 
 
 class _Bound:

@@ -229,23 +229,36 @@ def adapter_state(module: PromptEOLSup) -> dict[str, torch.Tensor]:
     return {k: v for k, v in module.state_dict().items() if is_adapter_key(k)}
 
 
-def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> PromptEOLSup:
-    """The module of a PromptEOLSup checkpoint: its base model (recorded name, or `base_model`) with the trained
-    adapter, in eval mode. A base whose weights differ from the recorded hash is refused in one line."""
+def read_adapter_checkpoint(path: str | Path, base_model: str | None, recipe: str) -> tuple[dict, dict, dict]:
+    """(checkpoint, adapter record, hyper-parameters with `base_model` in place of the recorded name) of a LoRA
+    recipe's checkpoint; one line when it holds no adapter record (`recipe` names what to pass instead)."""
     checkpoint = read_checkpoint(path)
     record = checkpoint.get(ADAPTER_RECORD)
     if not isinstance(record, dict) or "base_weights_sha256" not in record:
-        raise DataError(f"checkpoint {path} holds no LoRA adapter record; pass a checkpoint of PromptEOLSup")
+        raise DataError(f"checkpoint {path} holds no LoRA adapter record; pass a checkpoint of {recipe}")
     hparams = dict(checkpoint["hyper_parameters"])
     if base_model:
         hparams["model_name_or_path"] = base_model
-    module = PromptEOLSup(**hparams, base_weights_sha256=record["base_weights_sha256"])
+    return checkpoint, record, hparams
+
+
+def restore_adapter_module(module_class, path: str | Path, checkpoint: dict, record: dict, hparams: dict):
+    """`module_class` rebuilt on its base (refused in one line when the base's weights differ from the recorded
+    hash) with the checkpoint's adapter, in eval mode."""
+    module = module_class(**hparams, base_weights_sha256=record["base_weights_sha256"])
     try:
         module.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as err:
         raise DataError(f"checkpoint {path}: {str(err).splitlines()[0]}") from None
     module.eval()
     return module
+
+
+def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> PromptEOLSup:
+    """The module of a PromptEOLSup checkpoint: its base model (recorded name, or `base_model`) with the trained
+    adapter, in eval mode. A base whose weights differ from the recorded hash is refused in one line."""
+    checkpoint, record, hparams = read_adapter_checkpoint(path, base_model, "PromptEOLSup")
+    return restore_adapter_module(PromptEOLSup, path, checkpoint, record, hparams)
 
 
 def merged_copy(module: PromptEOLSup) -> torch.nn.Module:

@@ -39,6 +39,8 @@ POOLING_MODES = ("mean", "weighted_mean", "eos_token", "last_token")
 #: config class: LlamaConfig and MistralConfig append " </s>" even when their tokenizer's EOS is another token)
 OFFICIAL_EOS = {"llama": " </s>", "mistral": " </s>", "qwen2": "<|endoftext|>", "gemma": "<eos>"}
 EOS_CHOICES = ("official", "tokenizer")
+#: the constructor arguments besides name and layer that rebuild a pooling (`LLM2VecPooler.settings`)
+SETTINGS = ("pooling_mode", "instruction", "eos", "skip_instruction")
 
 
 class LLM2VecPooler(Pooler):
@@ -90,6 +92,12 @@ class LLM2VecPooler(Pooler):
     def arguments(self) -> dict:
         return {"pooling_mode": self.pooling_mode, "layer": self.layer, "eos": self.eos, "paper": self.paper,
                 **self.decoder.describe()}
+
+    def settings(self) -> dict:
+        """The constructor arguments besides name and layer that rebuild this pooling (an export records them)."""
+        form = self.decoder.llm2vec
+        return {"pooling_mode": self.pooling_mode, "instruction": form.instruction, "eos": self.eos,
+                "skip_instruction": form.skip_instruction}
 
 
 def end_text(who: str, eos: str, config, tokenizer) -> str:

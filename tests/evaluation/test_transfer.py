@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -256,22 +257,31 @@ SMALL_FAMILY_ARGS = ("+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+t
                      "+clustering_args.trials=2", "+clustering_args.n_init=2")
 
 
-def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
+def score_every_family(mini_data, model: Path, out: Path, *overrides: str) -> dict:
+    """evaluate.py on the mini STS, transfer and clustering tasks (test-scale arguments); its results.json, after
+    checking it ran and scored the three families in order."""
     import json
 
+    from tests.evaluation.test_evaluate_cli import evaluate
+
+    root, registry = mini_data
+    write_mini_labeled(root, registry)
+    proc = evaluate(f"backbone.name_or_path={model}", f"task_registry={registry}", f"output_dir={out}",
+                    "tasks=[MINI12,MINITR,MINICL]", *overrides, *SMALL_FAMILY_ARGS, data_root=root)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["families"]) == ["sts", "transfer", "clustering"]
+    return results
+
+
+def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     from promptemb.encoder.model import Encoder
     from promptemb.poolers import build_poolers
     from tests.evaluation.test_evaluate_cli import evaluate
 
     root, registry = mini_data
-    write_mini_labeled(root, registry)
     out = tmp_path / "out"
-    proc = evaluate(f"backbone.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={out}",
-                    "tasks=[MINI12,MINITR,MINICL]", "poolers=[mean,cls]", "post=[zscore]",
-                    *SMALL_FAMILY_ARGS, data_root=root)
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads((out / "results.json").read_text())
-    assert list(results["families"]) == ["sts", "transfer", "clustering"]
+    results = score_every_family(mini_data, tiny_bert, out, "poolers=[mean,cls]", "post=[zscore]")
     assert results["scores"] == results["families"]["sts"]["scores"]
     for family, task in (("transfer", "MINITR"), ("clustering", "MINICL")):
         table = results["families"][family]["scores"]
@@ -334,19 +344,8 @@ def test_transfer_on_a_device_in_full_float32():
 def test_mpnet_runs_through_every_evaluator_family(mini_data, tiny_mpnet, tmp_path):
     """A third architecture (MPNet: `<s>`/`</s>`/`<mask>`) through STS, transfer and clustering with the PromptBERT
     template, its [MASK] pooler reading the `<mask>` position."""
-    import json
-
-    from tests.evaluation.test_evaluate_cli import evaluate
-
-    root, registry = mini_data
-    write_mini_labeled(root, registry)
-    out = tmp_path / "out"
-    proc = evaluate(f"backbone.name_or_path={tiny_mpnet}", f"task_registry={registry}", f"output_dir={out}",
-                    "tasks=[MINI12,MINITR,MINICL]", "poolers=[mean,mask]", "template=promptbert_bert",
-                    *SMALL_FAMILY_ARGS, data_root=root)
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads((out / "results.json").read_text())
-    assert list(results["families"]) == ["sts", "transfer", "clustering"]
+    results = score_every_family(mini_data, tiny_mpnet, tmp_path / "out", "poolers=[mean,mask]",
+                                 "template=promptbert_bert")
     for family, task in (("sts", "MINI12"), ("transfer", "MINITR"), ("clustering", "MINICL")):
         table = results["families"][family]["scores"]
         assert set(table) == {"mean", "mask"} and all(np.isfinite(table[p][task]) for p in table), table
