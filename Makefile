@@ -7,17 +7,30 @@ export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= disabled
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart seeds reproduce evaluate test test-slow bench compare image-versions
+.PHONY: install lock test-latest quickstart seeds reproduce evaluate test test-slow bench compare image-versions
 
+# The locked install: every distribution of requirements.lock with its hashes, nothing resolved (docs/development.md).
+# scripts/lock.py refuses, in one line, a lock compiled from other dependencies than pyproject.toml's.
 # PYTHONWARNINGS: setuptools prints an information notice ("Editable installation.") for every editable install of a
 # mapped package layout such as ours (docs/layout.md); it is the one thing filtered, so any real packaging warning shows.
-$(BIN)/.installed: pyproject.toml .ci/constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -c .ci/constraints.txt -e ".[dev]"
+$(BIN)/.installed: pyproject.toml requirements.lock
+	@$(PYTHON) scripts/lock.py check
+	$(PYTHON) -m venv --clear $(VENV)
+	$(BIN)/pip install -q --require-hashes --no-deps -r requirements.lock
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(BIN)/.installed
+
+# requirements.lock from pyproject.toml (needs the package index): pip-tools in its own venv, .venv-lock.
+lock:
+	test -x .venv-lock/bin/pip-compile || { $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install -q pip-tools==7.7.0; }
+	$(PYTHON) scripts/lock.py compile .venv-lock/bin/pip-compile
+
+# The suite on the newest releases (torch stays the pinned CPU wheel), in its own venv, .venv-latest: what to run
+# before `make lock` moves the lock (docs/development.md). Prints the versions it resolved.
+test-latest:
+	bash scripts/test_latest.sh
 
 # PromptBERT unsupervised training of all-MiniLM-L6-v2 on the local corpus, STS-B dev curve, then the best
 # checkpoint on the 7 STS tasks with [MASK] and avg pooling (a few CPU minutes).

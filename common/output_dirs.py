@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from promptemb.common.errors import ConfigError
@@ -14,7 +14,7 @@ def fresh_output_dir(given: str | Path | None, name: str, overwrite: bool = Fals
     existing non-empty folder is refused with one line unless `overwrite` (its files of the same names are then
     replaced)."""
     if given is None:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d_%H-%M-%S_%f")
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d_%H-%M-%S_%f")
         return Path(log_dir) / name / stamp
     path = Path(given)
     if path.exists() and not path.is_dir():

@@ -21,12 +21,12 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, NotRequired, Union
 
 from hydra.utils import get_object
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.instantiate import KEYWORD_SETTINGS

@@ -17,11 +17,13 @@ re-ranked by score. Each (anchor, positive) pair of the anchor gets one triplet 
 with fewer valid candidates gets fewer triplets.
 
 Default ranges as sentence-transformers': without a margin or score bound `range_max = range_min + num_negatives +
-max_positives`, with one `range_min + 10 · num_negatives + max_positives`. One addition, on by default:
-`exclude_anchor` removes the anchor's own text from its candidates (in sentence-pair data a sentence is often an
-anchor in one pair and a positive in another; a negative equal to its anchor is a column InfoNCE cannot learn
-from); `exclude_anchor=False` is sentence-transformers' behaviour exactly. Scores are cosine similarities in
-[-1, 1], so margins and score bounds outside their ranges are refused.
+max_positives`, with one `range_min + 10 · num_negatives + max_positives`. `exclude_anchor` (the default) removes the
+anchor's own text from its candidates and widens the window by one for it: sentence-transformers' semantics from
+6.3 on (in sentence-pair data a sentence is often an anchor in one pair and a positive in another; a negative equal
+to its anchor is a column InfoNCE cannot learn from). `exclude_anchor=False` is the semantics before 6.3, where the
+anchor's text stayed a candidate. Both are exact for their release (tests/data/test_hard_negatives.py compares with
+the installed one). Scores are cosine similarities in [-1, 1], so margins and score bounds outside their ranges are
+refused.
 """
 
 from __future__ import annotations
@@ -219,7 +221,8 @@ def mine_hard_negatives(pairs: Sequence[tuple[str, str]], embed: Callable[[list[
             skipped["relative_margin"] = int(removed.sum())
             candidates -= skipped["relative_margin"]
     for name, removed in (("max_score", None if settings.max_score is None else scores > settings.max_score),
-                          ("min_score", None if settings.min_score is None else scores < settings.min_score)):
+                          ("min_score", None if settings.min_score is None
+                           else (scores < settings.min_score) & ~scores.isneginf())):
         if removed is not None:
             scores[removed] = -float("inf")
             skipped[name] = int(removed.sum())
@@ -254,4 +257,6 @@ def mine_hard_negatives(pairs: Sequence[tuple[str, str]], embed: Callable[[list[
 
 def settings_record(settings: MiningSettings, range_max: int) -> dict:
     """The settings as recorded in a mined file's provenance (range_max as resolved)."""
-    return {**asdict(settings), "range_max": range_max, "output_format": "triplet", "similarity": "cosine"}
+    semantics = ">=6.3" if settings.exclude_anchor else "<6.3"  # the releases whose selection it equals
+    return {**asdict(settings), "range_max": range_max, "output_format": "triplet", "similarity": "cosine",
+            "equals": f"sentence-transformers{semantics} util.mine_hard_negatives"}

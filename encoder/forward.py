@@ -115,7 +115,10 @@ def run_transformer(
     layers = {normalize_layer(layer, num_layers) for layer in needs.layers}
     if not layers and not needs.attentions:
         return out
-    unpadded = mask_only_when_padded and not needs.attentions and bool(batch.attention_mask.all())
+    # never without a mask when positions are explicit: from transformers 5.25 on, an encoder given position ids and
+    # no mask reads each jump in them (the template bias rows' +n) as the start of another packed sequence
+    unpadded = (mask_only_when_padded and not needs.attentions and batch.position_ids is None
+                and bool(batch.attention_mask.all()))
     inputs = {"attention_mask": None if unpadded else batch.attention_mask, "position_ids": batch.position_ids}
     if input_embedder is not None:
         inputs["inputs_embeds"] = input_embedder(batch, word_embeddings)

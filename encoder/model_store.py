@@ -35,7 +35,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -346,7 +346,7 @@ def provenance(spec: ModelSpec, wheels: dict[str, Path], out: Path, source_optio
                           for path in sorted(out.rglob("*")) if path.is_file()},
         **describe_folder(out),
         "software": software_versions(),
-        "fetched_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "fetched_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

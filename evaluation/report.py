@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import platform
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from promptemb.common.io import atomic_write_json, atomic_write_text
@@ -28,7 +28,7 @@ def software_versions() -> dict[str, str]:
 
 
 def utc_timestamp() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def scoring_provenance(encoder, template, sentence_rule: str, max_sentence_tokens: int | None, poolers,

@@ -63,7 +63,7 @@ def release_date(source: dict) -> str | None:
     for key in ("checkpoint", "export_dir"):
         path = Path(str(source.get(key) or ""))
         if source.get(key) and path.exists():
-            stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, tz=datetime.timezone.utc)
+            stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, tz=datetime.UTC)
             return stamp.date().isoformat()
     return None
 

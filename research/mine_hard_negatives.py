@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sampling-strategy", default="top", choices=SAMPLING_STRATEGIES)
     parser.add_argument("--seed", type=int, default=12, help="the random strategy's draws (Python's random)")
     parser.add_argument("--keep-anchor-candidates", action="store_true",
-                        help="sentence-transformers' behaviour: the anchor's own text may be its negative")
+                        help="sentence-transformers' semantics before 6.3: the anchor's own text may be its negative")
     return parser.parse_args(argv)
 
 

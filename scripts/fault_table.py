@@ -18,7 +18,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def main() -> int:
         loop = kill_loop_row(loop_summary)
     lines = ["# Faults injected and survived", "",
              f"Written by `scripts/fault_table.py{' --slow' if args.slow else ''}` on "
-             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. A fault is survived when the test passes: the entry "
+             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC. A fault is survived when the test passes: the entry "
              "point ends in one `error:` line (exit 2, no traceback) or recovers with one warning line, whatever "
              "existed stays byte-identical and nothing is left behind. Each test module `tests/*/test_fault_*.py` "
              "is one class; re-run this script to refresh the table" + ("" if args.slow else

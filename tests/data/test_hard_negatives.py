@@ -1,6 +1,7 @@
 """Hard-negative mining selects exactly the negatives sentence-transformers' `util.mine_hard_negatives` selects, from
-the same embeddings and settings (a stand-in model hands both the same vectors): on SICK-train pairs embedded by
-MiniLM, and on random vectors with exact ties and repeated texts; bad settings are refused in one line."""
+the same embeddings and settings (a stand-in model hands both the same vectors; `exclude_anchor` as the installed
+release does it): on SICK-train pairs embedded by MiniLM, and on random vectors with exact ties and repeated texts;
+bad settings are refused in one line."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ import re
 
 import numpy as np
 import pytest
+import sentence_transformers
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
+from packaging.version import Version
 from sentence_transformers.util import cos_sim, pairwise_cos_sim
 from sentence_transformers.util import mine_hard_negatives as st_mine_hard_negatives
 
 from promptemb.common.errors import ConfigError
-from promptemb.data.hard_negatives import MiningSettings, mine_hard_negatives
+from promptemb.data.hard_negatives import MiningSettings, mine_hard_negatives, settings_record
 from promptemb.encoder.model import Encoder
 from promptemb.poolers import build_pooler
 from tests.helpers import MINILM
+
+#: sentence-transformers 6.3 took the anchor's own text out of its candidates (our `exclude_anchor=True`, the
+#: default); before 6.3 it stayed a candidate (`exclude_anchor=False`). The reference is whichever is installed.
+ST_EXCLUDES_ANCHOR = Version(sentence_transformers.__version__) >= Version("6.3")
 
 
 class FixedEmbeddings:
@@ -99,7 +106,7 @@ def sick_pairs(real_data_root):
 @pytest.mark.parametrize("with_corpus", [False, True])
 def test_same_negatives_as_sentence_transformers_on_sick_minilm(sick_pairs, options, with_corpus):
     pairs, table, corpus = sick_pairs
-    settings = MiningSettings(exclude_anchor=False, **options)
+    settings = MiningSettings(exclude_anchor=ST_EXCLUDES_ANCHOR, **options)
     extra = corpus if with_corpus else None
     assert_same_selection(ours(pairs, table, settings, extra), reference(pairs, table, settings, extra))
 
@@ -114,7 +121,7 @@ def test_same_negatives_with_ties_and_repeated_texts(options):
     table = {text: vectors[i % 12] * (1 + i // 12) for i, text in enumerate(texts)}  # same direction, other scale
     pairs = [(texts[i], texts[(3 * i + 1) % 30]) for i in range(20)] + [(texts[2], texts[9]), (texts[2], texts[9]),
                                                                          (texts[4], texts[5])]
-    settings = MiningSettings(exclude_anchor=False, **options)
+    settings = MiningSettings(exclude_anchor=ST_EXCLUDES_ANCHOR, **options)
     if settings.range_max is not None and settings.range_max > 20:
         settings = MiningSettings(**{**vars(settings), "range_max": 20})
     assert_same_selection(ours(pairs, table, settings), reference(pairs, table, settings))
@@ -150,3 +157,9 @@ def test_exclude_anchor_removes_only_the_anchor_text(sick_pairs):
 def test_settings_out_of_range_are_refused(options, message):
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
         MiningSettings(**options)
+
+
+def test_the_record_names_the_releases_it_equals():
+    assert settings_record(MiningSettings(), 7)["equals"] == "sentence-transformers>=6.3 util.mine_hard_negatives"
+    assert settings_record(MiningSettings(exclude_anchor=False), 7)["equals"] == (
+        "sentence-transformers<6.3 util.mine_hard_negatives")

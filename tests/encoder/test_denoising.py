@@ -20,12 +20,16 @@ PROMPTS = ['This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means
 
 
 def direct_bias(model, tokenizer, builder, n, base=0):
-    """Loop reference: one forward per length with hand-written position ids."""
+    """Loop reference: one forward per length with hand-written position ids. The attention mask is passed: without
+    one, transformers >= 5.25 reads the jump in the position ids as the start of a second packed sequence and stops
+    the prefix and the suffix from attending to each other."""
     prefix, suffix = builder.prefix_ids, builder.suffix_ids
-    ids = [tokenizer.cls_token_id, *prefix, *suffix, tokenizer.sep_token_id]
+    ids = torch.tensor([[tokenizer.cls_token_id, *prefix, *suffix, tokenizer.sep_token_id]])
     positions = list(range(1 + len(prefix))) + [1 + len(prefix) + n + j for j in range(len(suffix) + 1)]
     with torch.no_grad():
-        hidden = model(torch.tensor([ids]), position_ids=torch.tensor([positions]) + base).last_hidden_state[0]
+        hidden = model(ids, attention_mask=torch.ones_like(ids),
+                       position_ids=torch.tensor([positions]) + base).last_hidden_state[0]
+    ids = ids[0].tolist()
     rows = [hidden[t] for t, token in enumerate(ids) if token == tokenizer.mask_token_id and 0 < t < len(ids) - 1]
     return torch.stack(rows).mean(0)
 
@@ -237,3 +241,23 @@ def test_bucketed_widths_and_padded_bias_rows_change_no_value(tiny_bert):
     assert widths[0][1] == segment + 32  # longest sentence 17 tokens -> bucket 32
     for got, expected in zip(bucketed, exact, strict=True):
         assert_close_scaled(got, expected, FLOAT64_TOL)
+
+
+def test_explicit_positions_always_go_with_a_mask(tiny_bert):
+    """An unpadded batch may run without its mask, but not one with explicit position ids (transformers >= 5.25
+    would split the template bias rows at their position jump): the same states as with the mask."""
+    from promptemb.encoder.forward import run_transformer
+    from promptemb.encoder.pooling import Needs
+
+    model = AutoModel.from_pretrained(tiny_bert).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    builder = InputBuilder(tokenizer, InputForm(Template(PROMPTS[0])), 128)
+    batch = template_only_batch(builder, torch.tensor([5]), base=0)
+    layer = model.config.num_hidden_layers
+    with torch.no_grad():
+        masked = run_transformer(model, batch, Needs(layers=(layer,))).hidden_states[layer]
+        unmasked_allowed = run_transformer(model, batch, Needs(layers=(layer,)),
+                                           mask_only_when_padded=True).hidden_states[layer]
+    assert_close_scaled(unmasked_allowed, masked, FORWARD_TOL)
+    assert_close_scaled(masked[0, batch.mask_token[0]].mean(0), direct_bias(model, tokenizer, builder, 5),
+                        FORWARD_TOL)

@@ -45,10 +45,12 @@ def masked_real_input_state(model, builder, sentence: str) -> tuple[torch.Tensor
 
 def transformers_shifted_template_state(model, builder, n: int) -> torch.Tensor:
     """The [MASK] state of `[CLS] prefix suffix [SEP]`, positions after the prefix shifted by +n, through
-    transformers' own forward (no `relative_positions_from_ids`)."""
+    transformers' own forward (no `relative_positions_from_ids`; the mask passed, as the library always does with
+    explicit position ids: without one, transformers >= 5.25 reads the position jump as a second packed sequence)."""
     batch = template_only_batch(builder, torch.tensor([n]), position_base(model))
     with torch.no_grad():
-        hidden = model(input_ids=batch.input_ids, position_ids=batch.position_ids).last_hidden_state
+        hidden = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids).last_hidden_state
     return hidden[batch.mask_token][0]
 
 

@@ -44,6 +44,8 @@ class GivenEmbeddings(torch.nn.Module):
     def get_embedding_dimension(self) -> int:
         return self.width
 
+    _get_untruncated_embedding_dimension = get_embedding_dimension  # what MatryoshkaLoss reads from 6.3 on
+
     def forward(self, features: dict) -> dict:
         return {"sentence_embedding": features["embedding"]}
 
