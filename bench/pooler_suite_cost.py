@@ -33,7 +33,7 @@ from promptemb.encoder.model import Encoder, combine_needs
 from promptemb.encoder.template import Template
 from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
-from promptemb.poolers import POOLER_NAMES, build_pooler, build_poolers
+from promptemb.poolers import POOLERS, build_pooler, build_poolers
 
 PROMPT = 'This sentence : "[X]" means [MASK] .'
 #: Registered poolers left out of "all", with the reason: each needs something the plain suite does not give it.
@@ -43,7 +43,7 @@ NEEDS_MORE = {"mask_topk": "needs an MLM head"}
 def runnable_poolers() -> tuple[list[str], dict[str, str]]:
     """(every registered pooler that builds without arguments, {left-out name: why})."""
     every, skipped = [], dict(NEEDS_MORE)
-    for name in POOLER_NAMES:
+    for name in POOLERS:
         if name in skipped:
             continue
         try:

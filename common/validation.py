@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, NotRequired, Union
 
 from hydra.utils import get_object
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
@@ -281,6 +290,23 @@ class Settings(BaseModel):
             return super().model_validate(obj, **kwargs)
         except ValidationError as err:
             raise refusal(err, cls, obj) from None
+
+
+class CommandSettings(Settings):
+    """A command's settings. `imports`: the user's modules (recipes, poolers, evaluation families they register;
+    common/plugins.py), imported before any other value is checked, so the names they register are known to it."""
+
+    imports: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def import_user_modules(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            from promptemb.common.plugins import import_modules
+
+            imports = values.get("imports")
+            import_modules(imports if isinstance(imports, list) else None)
+        return values
 
 
 def refusal(err: ValidationError, settings: type[BaseModel], values: Any) -> ConfigError:

@@ -20,8 +20,8 @@ from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import (
     COMPOSITION,
+    CommandSettings,
     OpenMap,
-    Settings,
     check_device,
     check_readable_file,
     check_writable_dir,
@@ -52,7 +52,7 @@ class ScoringSettings:
         check_dims(self.dims, width=0)  # integers >= 1, none twice; the model's width is checked once it loads
 
 
-class ModelSettings(Settings):
+class ModelSettings(CommandSettings):
     """What evaluate.py's two commands share: the model (`backbone`: `Encoder`'s keyword arguments, checked against
     its constructor), its template, and where data and run folder are."""
 

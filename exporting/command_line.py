@@ -26,15 +26,15 @@ def export_task(cfg: DictConfig) -> None:
     common = {"overwrite": settings.overwrite, "score": settings.score, "score_tasks": settings.score_tasks,
               "data_root": settings.data_root}
     if settings.pretrained:
-        text, rule = settings.template.text, settings.template.sentence_rule
-        out = export_model(settings.pretrained, settings.out, template=text,
-                           sentence_rule=None if text is None and rule == "none" else rule, pooler=settings.pooler,
+        out = export_model(settings.pretrained, settings.output_dir, template=settings.template.text,
+                           sentence_rule=settings.template.sentence_rule, pooler=settings.pooler,
                            layer=-1 if settings.layer is None else settings.layer, max_length=settings.max_length,
                            max_sentence_tokens=settings.max_sentence_tokens, padding_side=settings.padding_side,
                            **common)
     else:
-        out = export_checkpoint(settings.ckpt, settings.out, pooler=settings.pooler, denoise=settings.denoise,
-                                base_model=settings.base_model, adapter=settings.adapter, **common)
+        out = export_checkpoint(settings.ckpt_path, settings.output_dir, pooler=settings.pooler,
+                                denoise=settings.denoise, base_model=settings.base_model, adapter=settings.adapter,
+                                **common)
     print(f"exported to {out}")
 
 

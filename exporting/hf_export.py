@@ -11,7 +11,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from promptemb.inference.prompt_encoder import ADAPTER_DIR, PromptEncoder, weight_files_sha256
+from promptemb.inference.prompt_encoder import PromptEncoder, weight_files_sha256
 
 
 def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:
@@ -19,7 +19,7 @@ def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:
     sha256 of every weight file, written last so that it covers them all)."""
     record = encoder.record()
     if encoder.adapter is not None:  # a peft model: its adapter files, and the base model's config
-        encoder.transformer.save_pretrained(directory / ADAPTER_DIR, safe_serialization=True)
+        encoder.transformer.save_pretrained(directory / encoder.adapter["dir"], safe_serialization=True)
         encoder.transformer.get_base_model().config.save_pretrained(directory)
     else:
         encoder.transformer.save_pretrained(directory, safe_serialization=True)

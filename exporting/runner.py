@@ -23,21 +23,23 @@ from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
 from promptemb.inference.model_sources import best_checkpoint, source_kind
 from promptemb.inference.prompt_encoder import PromptEncoder, export_block
-from promptemb.lightning_modules.checkpoint import ADAPTER_CLASSES, module_class_path, read_checkpoint
+from promptemb.lightning_modules.checkpoint import read_checkpoint
+from promptemb.lightning_modules.recipe import recipe_of_checkpoint
 
 
 def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse, before any work, an `out` that cannot take the export (and an install without the export extra)."""
+    """Refuse, before any work, an `output_dir` that cannot take the export (and an install without the export
+    extra)."""
     require("sentence_transformers", "export")
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"out={out} is a file; pass a directory path")
+        raise ConfigError(f"output_dir={out} is a file; pass a directory path")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
-            raise ConfigError(f"out={out} exists and is not empty; pass overwrite=true to replace it, or another "
-                              "out=DIR")
+            raise ConfigError(f"output_dir={out} exists and is not empty; pass overwrite=true to replace it, or "
+                              "another output_dir=DIR")
         if not is_export(out):
-            raise ConfigError(f"out={out} is not a promptemb export (no config.json with a promptemb block); "
-                              "overwrite=true only replaces an earlier export: pass another out=DIR")
+            raise ConfigError(f"output_dir={out} is not a promptemb export (no config.json with a promptemb block); "
+                              "overwrite=true only replaces an earlier export: pass another output_dir=DIR")
 
 
 def is_export(directory: Path) -> bool:
@@ -75,8 +77,8 @@ def score_encoder(encoder: PromptEncoder, tasks: list[str], data_root: str | Non
 
 
 def export_checkpoint(
-    ckpt: str | Path | None,
-    out: str | Path | None,
+    ckpt_path: str | Path | None,
+    output_dir: str | Path | None,
     *,
     pooler: str | None = None,
     denoise: bool | None = None,
@@ -87,17 +89,17 @@ def export_checkpoint(
     base_model: str | None = None,
     adapter: str | None = None,
 ) -> Path:
-    """Export `ckpt` to `out`; returns `out`. Nothing is written unless the whole export succeeds. `adapter`
-    (checkpoints of the LoRA recipe only): "merge" (None: the same) or "keep"."""
-    if not ckpt or not out:
-        raise ConfigError("export needs ckpt=PATH (a train.py checkpoint or run folder) and out=DIR (the export "
-                          "directory)")
-    ckpt, out = Path(ckpt), Path(out)
+    """Export `ckpt_path` (a checkpoint or a run folder: its best checkpoint) to `output_dir`; returns it. Nothing
+    is written unless the whole export succeeds. `adapter` (the LoRA recipes' checkpoints): "merge" (None: the same,
+    full weights any tool loads) or "keep"."""
+    if not ckpt_path or not output_dir:
+        raise ConfigError("export needs ckpt_path=PATH (a train.py checkpoint or run folder) and output_dir=DIR (the "
+                          "export directory)")
+    ckpt, out = Path(ckpt_path), Path(output_dir)
     if source_kind(str(ckpt)) == "run":  # a train.py run folder: its best checkpoint
         ckpt = best_checkpoint(ckpt)
     check_out(out, overwrite)
-    class_path = module_class_path(read_checkpoint(ckpt))  # the header only (memory-mapped)
-    if class_path in ADAPTER_CLASSES and adapter is None:  # export's default: full weights any tool loads
+    if recipe_of_checkpoint(read_checkpoint(ckpt), ckpt).adapter_only and adapter is None:  # the header only
         adapter = "merge"
     encoder = PromptEncoder.from_checkpoint(ckpt, base_model=base_model, pooler=pooler, denoise=denoise,
                                             adapter=adapter)
@@ -106,12 +108,24 @@ def export_checkpoint(
                         data_root=data_root)
 
 
+def export_module(module, output_dir: str | Path, *, pooler: str | None = None, denoise: bool | None = None,
+                  adapter: str | None = None, overwrite: bool = False) -> Path:
+    """Export a trained module from Python (what `export_checkpoint` does with the module it rebuilds): as its
+    recipe says it encodes; a LoRA recipe's adapter merged into full weights unless `adapter="keep"`."""
+    out = Path(output_dir)
+    check_out(out, overwrite)
+    if type(module).adapter_only and adapter is None:
+        adapter = "merge"
+    encoder = PromptEncoder.from_module(module, pooler=pooler, denoise=denoise, adapter=adapter)
+    return write_export(encoder, out, None, None, score=False, score_tasks=(), data_root=None)
+
+
 def export_model(
     model: str | None,
-    out: str | Path | None,
+    output_dir: str | Path | None,
     *,
     template: str | None = None,
-    sentence_rule: str | None = None,
+    sentence_rule: str = "none",
     pooler: str | None = None,
     layer: int = -1,
     max_length: int | None = None,
@@ -122,13 +136,12 @@ def export_model(
     score_tasks: tuple[str, ...] | list[str] = ("STSBenchmark",),
     data_root: str | None = None,
 ) -> Path:
-    """Export a plain model (hub name, local directory or `package:MODULE`, encoder or decoder) with a template;
-    a decoder pools the template's last token (default template PromptEOL's), an encoder its [MASK] (default
-    PromptBERT's) or avg."""
-    if not model or not out:
-        raise ConfigError("export needs pretrained=NAME_OR_PATH (a plain encoder or decoder) and out=DIR (the export "
-                          "directory)")
-    out = Path(out)
+    """Export a plain model (hub name, local directory or `package:MODULE`, encoder or decoder) with a template (None:
+    the plain sentence); a decoder pools the last token, an encoder the template's [MASK] or the mean (avg)."""
+    if not model or not output_dir:
+        raise ConfigError("export needs pretrained=NAME_OR_PATH (a plain encoder or decoder) and output_dir=DIR (the "
+                          "export directory)")
+    out = Path(output_dir)
     check_out(out, overwrite)
     encoder = PromptEncoder.from_pretrained(model, template=template, sentence_rule=sentence_rule, pooler=pooler,
                                             layer=layer, max_length=max_length,

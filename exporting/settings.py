@@ -1,5 +1,5 @@
 """export.py's settings (configs/export.yaml), checked once when they are built from the composed config: one of
-`ckpt=` / `pretrained=`, and only the options that apply to it (one line, before any work)."""
+`ckpt_path=` / `pretrained=`, and only the options that apply to it (one line, before any work)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ from typing import ClassVar
 from pydantic import model_validator
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import Settings
+from promptemb.common.validation import CommandSettings
 from promptemb.encoder.settings import TemplateSettings
 
 #: keys that describe how a plain `pretrained=` model is templated and pooled; a checkpoint carries its own
 PLAIN_MODEL_KEYS = ("layer", "max_length", "max_sentence_tokens", "padding_side")
 
 
-class ExportSettings(Settings):
+class ExportSettings(CommandSettings):
     described_as: ClassVar[str] = "export.py's config"
 
-    ckpt: str | None
+    ckpt_path: str | None
     pretrained: str | None
-    out: str | None
+    output_dir: str | None
     pooler: str | None
     denoise: bool | None
     adapter: str | None
@@ -38,9 +38,9 @@ class ExportSettings(Settings):
     @model_validator(mode="after")
     def check(self) -> ExportSettings:
         template = self.template
-        if self.ckpt and self.pretrained:
-            raise ConfigError("pass ckpt=PATH (a trained checkpoint) or pretrained=NAME_OR_PATH (a plain model), not "
-                              "both")
+        if self.ckpt_path and self.pretrained:
+            raise ConfigError("pass ckpt_path=PATH (a trained checkpoint) or pretrained=NAME_OR_PATH (a plain model), "
+                              "not both")
         if template.second_text is not None:
             raise ConfigError("template.second_text= is a second training view; an export has one template: use a "
                               "single template (template=NAME without _pair, or template.second_text=null)")
@@ -50,7 +50,8 @@ class ExportSettings(Settings):
         if self.pretrained:
             given = [key for key in ("adapter", "denoise", "base_model") if getattr(self, key) is not None]
             if given:
-                raise ConfigError(f"{given[0]}= applies to ckpt= exports, not to a plain pretrained= model; drop it")
+                raise ConfigError(f"{given[0]}= applies to ckpt_path= exports, not to a plain pretrained= model; drop "
+                                  "it")
         else:
             given = ["template.text"] * (template.text is not None)
             given += [key for key in PLAIN_MODEL_KEYS if getattr(self, key) is not None]

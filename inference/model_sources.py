@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from promptemb.common.errors import ConfigError
+from promptemb.common.registry import qualified_name
 from promptemb.encoder.loading import resolve_device
 from promptemb.encoder.model import BATCH_SIZE, Encoder
 from promptemb.encoder.template import Template
@@ -88,7 +89,7 @@ def from_checkpoint(path: Path, *, device, batch_size: int, attentions: bool, so
     if attentions:
         switch_to_eager_attention(module.transformer)
     source = {**source, "checkpoint": str(path.resolve()), "checkpoint_sha256": loaded.sha256,
-              "global_step": loaded.global_step, "module": loaded.class_path}
+              "global_step": loaded.global_step, "recipe": loaded.recipe, "module": qualified_name(type(module))}
     return TrainedModel(module.evaluation_encoder(batch_size), module.eval_poolers(), module.eval_template,
                         module.hparams.sentence_rule, None, source)
 

@@ -23,20 +23,14 @@ from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.loading import resolve_device
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
-from promptemb.lightning_modules.checkpoint import (
-    ADAPTER_CLASSES,
-    LINEAGE_KEY,
-    load_module_checkpoint,
-    module_class_path,
-    read_checkpoint,
-)
-from promptemb.lightning_modules.dcpcse import CLSHeadPooler
+from promptemb.lightning_modules.checkpoint import LINEAGE_KEY, load_module_checkpoint, read_checkpoint
 from promptemb.lightning_modules.deep_prompt import DEEP_PROMPT_CONFIG, DEEP_PROMPT_FILE, DeepPrompt
 from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
+from promptemb.lightning_modules.recipe import recipe_of_checkpoint, recipe_record
 from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.cls import CLSPooler
-from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
+from promptemb.poolers.decoder import LastTokenPooler
 from promptemb.poolers.llm2vec import SETTINGS as LLM2VEC_SETTINGS
 from promptemb.poolers.llm2vec import LLM2VecPooler
 from promptemb.poolers.mask import MaskPooler
@@ -48,12 +42,8 @@ POOLERS = ("mask", "avg", "last_token", "cls", "llm2vec")
 DECODER_POOLER = "last_token"
 #: what a decoder trained by an LLM2Vec recipe exports: its LLM2Vec pooling of the bidirectional model
 LLM2VEC_POOLER = "llm2vec"
-#: `adapter=` of a LoRA-recipe checkpoint: fold the adapter into full weights, or keep it as peft files on the base
-ADAPTER_MODES = ("merge", "keep")
-#: where a kept adapter's peft files go inside an export
-ADAPTER_DIR = "adapter"
-#: plain models: the template exported when none is given
-DEFAULT_TEMPLATES = {True: (PROMPTEOL, "prompteol"), False: ('This sentence : "[X]" means [MASK] .', "none")}
+#: the plain sentence: a model exported or loaded without a template
+PLAIN_TEMPLATE = "[X]"
 HEAD_FILE = "promptemb_head.safetensors"
 SOFT_TEMPLATE_FILE = "promptemb_soft_template.safetensors"
 #: Files of an export that hold weights; each one's sha256 is recorded in the `promptemb` block at export.
@@ -133,9 +123,6 @@ class PromptEncoder:
         pooling_mode, instruction, eos and skip_instruction; the decoder runs bidirectionally."""
         if pooler not in POOLERS:
             raise ConfigError(f"unknown export pooler {pooler!r}; valid: {', '.join(POOLERS)}")
-        if pooler == "cls" and deep_prompt is None:
-            raise ConfigError("pooler=cls is the [CLS] of a model trained with deep prompts (DCPCSE); this model has "
-                              "none: use pooler=mask or avg")
         if deep_prompt is not None and pooler not in ("cls", "avg"):
             raise ConfigError(f"a model with deep prompts (DCPCSE) exports pooler=cls or avg, not {pooler}")
         if (pooler == LLM2VEC_POOLER) != (llm2vec is not None):
@@ -175,7 +162,7 @@ class PromptEncoder:
         self.builder = self.encoder.input_builder(InputForm(self.template, sentence_rule, max_sentence_tokens))
         self.max_sentence_tokens = self.builder.max_sentence_tokens
         if pooler == "cls":
-            self.pooler = CLSPooler("cls", layer) if head is None else CLSHeadPooler(head)
+            self.pooler = CLSPooler("cls", layer, head=head)
         elif pooler == "mask":
             self.pooler = MaskPooler("mask", layer=layer, denoise=self.denoise, head=head,
                                              head_after_denoise=head_after_denoise)
@@ -336,104 +323,46 @@ class PromptEncoder:
 
     @classmethod
     def from_module(cls, module, *, pooler: str | None = None, denoise: bool | None = None,
-                    batch_size: int = 64, source: dict | None = None) -> PromptEncoder:
-        """The module's primary evaluation pooler (its [MASK] pooler, denoised and with a head as the module scores
-        checkpoints), or `pooler="avg"`; `denoise` overrides the [MASK] pooler's denoising."""
-        primary = module.eval_poolers()[0]
-        deep_prompt = getattr(module, "deep_prompt", None)
-        if deep_prompt is not None:  # DCPCSE: its [CLS] (with the MLP as it scores checkpoints) or avg
-            name = pooler or "cls"
-            return cls(
-                module.transformer, module.tokenizer, template=module.eval_template.text,
-                sentence_rule=module.hparams.sentence_rule, pooler=name, layer=-1,
-                head=getattr(primary, "head", None) if name == "cls" else None, deep_prompt=deep_prompt,
-                max_length=module.max_length, max_sentence_tokens=None, batch_size=batch_size,
-                source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
-                        "base_model": module.hparams.model_name_or_path, **(source or {})})
-        if not isinstance(primary, MaskPooler):
-            raise ConfigError(f"{type(module).__name__}'s primary evaluation pooler is not a [MASK] pooler")
-        name = pooler or "mask"
-        return cls(
-            module.transformer, module.tokenizer,
-            template=module.eval_template.text, sentence_rule=module.hparams.sentence_rule, pooler=name,
-            layer=primary.layer, denoise=primary.denoise if denoise is None else denoise,
-            head=primary.head if name == "mask" else None, head_after_denoise=primary.head_after_denoise,
-            soft_template=getattr(module, "soft_template", None),
-            max_length=module.max_length, max_sentence_tokens=None, batch_size=batch_size,
-            source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
-                    "base_model": module.hparams.model_name_or_path, **matryoshka_record(module), **(source or {})},
-        )
+                    adapter: str | None = None, batch_size: int = 64, source: dict | None = None) -> PromptEncoder:
+        """A trained module as its recipe says it encodes (`encoding_spec`: its primary evaluation pooler with the
+        denoising, head, soft template or deep prompts it is scored with; `pooler`, `denoise` and `adapter` as the
+        recipe allows)."""
+        spec = module.encoding_spec(pooler=pooler, denoise=denoise, adapter=adapter)
+        recorded = {**recipe_record(module), "base_model": module.hparams.model_name_or_path}
+        return cls(**spec.arguments(), max_sentence_tokens=None, batch_size=batch_size,
+                   source={"recipe": recorded["name"], "module": recorded["class"],
+                           "base_model": recorded["base_model"], **matryoshka_record(module), **spec.source,
+                           **(source or {})})
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, *, base_model: str | None = None, adapter: str | None = None,
-                        **kwargs) -> PromptEncoder:
-        """A train.py checkpoint. A LoRA-recipe checkpoint gets `adapter` "merge" (full weights) or "keep" / None
-        (the peft model on its base); `adapter` on any other checkpoint is a ConfigError."""
+    def from_checkpoint(cls, path: str | Path, *, base_model: str | None = None, pooler: str | None = None,
+                        denoise: bool | None = None, adapter: str | None = None, batch_size: int = 64) -> PromptEncoder:
+        """A train.py checkpoint, encoded as its recipe says (`from_module`); the recipe's options are checked before
+        the weights load (a LoRA recipe's `adapter` "merge" = full weights, "keep" / None = the peft model on its
+        base)."""
         checkpoint = read_checkpoint(path)
-        class_path = module_class_path(checkpoint)
-        check_adapter_option(path, class_path, adapter, checkpoint["hyper_parameters"])
-        adapter_only = class_path in ADAPTER_CLASSES
-        own = LLM2VEC_POOLER if ".llm2vec." in class_path else DECODER_POOLER
-        if adapter_only and kwargs.pop("pooler", None) not in (None, own):
-            what = "its LLM2Vec pooling" if own == LLM2VEC_POOLER else "the template's last token"
-            raise ConfigError(f"{path} is a decoder checkpoint: it exports pooler={own} ({what}); drop pooler=")
-        if adapter_only and kwargs.pop("denoise", None) is not None:
-            raise ConfigError(f"{path} is a decoder checkpoint: template denoising is defined for [MASK] templates "
-                              "only; drop denoise=")
+        recipe_of_checkpoint(checkpoint, path).check_encoding_options(
+            Path(path), checkpoint["hyper_parameters"], pooler=pooler, denoise=denoise, adapter=adapter)
         loaded = load_module_checkpoint(path, base_model)
         source = {"checkpoint": str(Path(path).resolve()), "checkpoint_sha256": loaded.sha256,
                   "global_step": loaded.global_step, **training_data(checkpoint)}
-        if adapter_only:
-            return cls.from_adapter_module(loaded.module, adapter=adapter, source=source, **kwargs)
-        return cls.from_module(loaded.module, source=source, **kwargs)
+        return cls.from_module(loaded.module, pooler=pooler, denoise=denoise, adapter=adapter, batch_size=batch_size,
+                               source=source)
 
     @classmethod
-    def from_adapter_module(cls, module, *, adapter: str | None = None, batch_size: int = 64,
-                            source: dict | None = None) -> PromptEncoder:
-        """A LoRA-recipe module as the checkpoint is scored: `PromptEOLSup` its evaluation template's last token, an
-        LLM2Vec recipe its LLM2Vec pooling of the bidirectional model. `adapter="merge"`: the adapter folded into a
-        copy of the base weights (the module stays unmerged); "keep" or None: the peft model itself, recorded with the
-        base model's name and weights sha256."""
-        from promptemb.lightning_modules.prompteol import merged_copy
-
-        hparams = module.hparams
-        quantization = hparams.get("quantization")
-        if adapter == "merge":
-            if quantization is not None:
-                raise ConfigError("a 4-bit (QLoRA) base cannot be merged exactly; export with adapter=keep")
-            transformer, kept = merged_copy(module).eval(), None
-        else:
-            transformer = module.transformer
-            kept = {"base_model": hparams.model_name_or_path, "base_weights_sha256": module.base_weights_sha256,
-                    "dir": ADAPTER_DIR, "dtype": hparams.dtype, "quantization": quantization}
-        llm2vec = module.pooler.settings() if isinstance(module.pooler, LLM2VecPooler) else None
-        return cls(
-            transformer, module.tokenizer, template=None if llm2vec else module.eval_template.text,
-            sentence_rule=hparams.sentence_rule, pooler=LLM2VEC_POOLER if llm2vec else DECODER_POOLER,
-            layer=module.pooler.layer, max_length=module.max_length, max_sentence_tokens=None,
-            batch_size=batch_size, padding_side=hparams.padding_side, adapter=kept, llm2vec=llm2vec,
-            source={"module": f"{type(module).__module__}.{type(module).__qualname__}",
-                    "base_model": hparams.model_name_or_path, "adapter_export": adapter or "keep",
-                    **matryoshka_record(module), **(source or {})},
-        )
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str, *, template: str | None = None, sentence_rule: str | None = None,
+    def from_pretrained(cls, name_or_path: str, *, template: str | None = None, sentence_rule: str = "none",
                         pooler: str | None = None, layer: int = -1, max_length: int | None = None,
                         max_sentence_tokens: int | None = None, padding_side: str = "left",
                         batch_size: int = 64) -> PromptEncoder:
-        """A plain (untrained by promptemb) encoder or decoder with a template: decoders pool the template's last
-        token (default template PromptEOL's, rule `prompteol`), encoders its [MASK] (default PromptBERT's)."""
+        """A plain (untrained by promptemb) encoder or decoder with a template (None: the plain sentence, `[X]`):
+        decoders pool the last token, encoders the template's [MASK] when it has one, else the mean (`avg`)."""
         encoder = Encoder(name_or_path, device="cpu", batch_size=batch_size, max_length=max_length,
                           padding_side=padding_side, progress=False)
-        default_template, default_rule = DEFAULT_TEMPLATES[encoder.is_decoder]
-        if template is None and sentence_rule is None:
-            sentence_rule = default_rule
-        return cls(encoder.transformer.eval(), encoder.tokenizer, template=template or default_template,
-                   sentence_rule=sentence_rule or "none", pooler=pooler or (DECODER_POOLER if encoder.is_decoder
-                                                                           else "mask"),
-                   layer=layer, max_length=max_length, max_sentence_tokens=max_sentence_tokens,
-                   batch_size=batch_size, padding_side=padding_side,
+        template = template or PLAIN_TEMPLATE
+        default = DECODER_POOLER if encoder.is_decoder else "mask" if "[MASK]" in template else "avg"
+        return cls(encoder.transformer.eval(), encoder.tokenizer, template=template, sentence_rule=sentence_rule,
+                   pooler=pooler or default, layer=layer, max_length=max_length,
+                   max_sentence_tokens=max_sentence_tokens, batch_size=batch_size, padding_side=padding_side,
                    source={"module": None, "base_model": name_or_path, "training_data": None})
 
     @classmethod
@@ -536,21 +465,6 @@ def load_kept_adapter(directory: Path, adapter: dict, base_model: str | None = N
                         f"{adapter['base_weights_sha256'][:12]}..., but {name!r} has {digest[:12]}...; pass "
                         "base_model= the model it was trained from")
     return peft.PeftModel.from_pretrained(base, str(directory / adapter["dir"])).eval()
-
-
-def check_adapter_option(path: str | Path, class_path: str, adapter: str | None, hparams: dict) -> None:
-    """`adapter=` is for checkpoints of the LoRA recipes only, and is merge or keep; a contrastive LLM2Vec adapter
-    sits on the base with the MNTP adapter merged in, which no kept adapter can name: merge only."""
-    if adapter is None:
-        return
-    if adapter not in ADAPTER_MODES:
-        raise ConfigError(f"unknown adapter={adapter}; valid: {', '.join(ADAPTER_MODES)}")
-    if class_path not in ADAPTER_CLASSES:
-        raise ConfigError(f"adapter={adapter} applies to checkpoints of the LoRA recipes (PromptEOLSup, LLM2Vec); "
-                          f"{path} is a {class_path.rsplit('.', 1)[1]} checkpoint with full weights: drop adapter=")
-    if adapter == "keep" and hparams.get("mntp_adapter"):
-        raise ConfigError(f"adapter=keep: {path} was trained on an MNTP adapter merged into its base, which a kept "
-                          "adapter cannot name; export with adapter=merge (full weights)")
 
 
 def training_data(checkpoint: dict) -> dict:

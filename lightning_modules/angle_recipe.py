@@ -32,6 +32,7 @@ from promptemb.lightning_modules.in_batch import InBatchTargets
 from promptemb.lightning_modules.losses import gather_with_grad
 from promptemb.lightning_modules.matryoshka import configured_width
 from promptemb.lightning_modules.promptbert import BERT_TEMPLATES
+from promptemb.lightning_modules.recipe import register_recipe
 from promptemb.poolers import build_pooler
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.mask import MaskPooler
@@ -54,6 +55,7 @@ def global_objective(objective: AnglEObjective, views: list[torch.Tensor], score
     return objective.pairs(gathered[0], gathered[1], gather_with_grad(scores.float()))
 
 
+@register_recipe("angle")
 class AnglE(PromptContrastiveModule):
     """AnglE on the [MASK] state of one template (see the module docstring). `data_format` is the training data's
     `data.format` (the recipe config reads it), so what the loss needs from the data is checked before anything

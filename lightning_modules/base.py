@@ -11,6 +11,7 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
@@ -28,11 +29,16 @@ from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
 from promptemb.encoder.loading import load_pretrained
 from promptemb.encoder.model import BATCH_SIZE, Encoder
 from promptemb.encoder.template import SentenceRule, Template
+from promptemb.lightning_modules.checkpoint import rebuild_with_weights
 from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache, check_grad_cache_precision
 from promptemb.lightning_modules.losses import info_nce, world_size
 from promptemb.lightning_modules.matryoshka import Matryoshka, check_matryoshka_settings, configured_width
+from promptemb.lightning_modules.recipe import RECORD_KEY, EncodingSpec, RecipeConstruction, recipe_record
 from promptemb.lightning_modules.schedules import linear_warmup_decay
 from promptemb.poolers.base import Pooler
+from promptemb.poolers.cls import CLSPooler
+from promptemb.poolers.mask import MaskPooler
+from promptemb.poolers.mean import MeanPooler
 
 #: The optimiser and schedule when none is passed (configs/optimizer/adamw.yaml, configs/scheduler/linear.yaml).
 DEFAULT_OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0)
@@ -65,11 +71,23 @@ def mlm_transform_state(model: torch.nn.Module, loading_info: dict) -> dict[str,
     return None
 
 
+def export_kind(pooler: Pooler) -> str | None:
+    """The export form of an evaluation pooler: its [MASK] state, its [CLS] state, or a mean over the (templated)
+    input; None for any other."""
+    if isinstance(pooler, MaskPooler):
+        return "mask"
+    if isinstance(pooler, CLSPooler):
+        return "cls"
+    if isinstance(pooler, MeanPooler) and len(pooler.layers) == 1 and pooler.include_mask:
+        return "avg"
+    return None
+
+
 class NonFiniteLossError(DivergenceError):
     """The loss became NaN/inf; training stops before the optimiser step, so saved checkpoints stay good."""
 
 
-class PromptContrastiveModule(pl.LightningModule):
+class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
     #: How many templates (views) the recipe trains with: the length of `templates` it accepts; 0: none from the
     #: template config, the recipe reads the plain sentence (`templates` is then its one input form, `[X]`).
     template_views: int = 1
@@ -178,8 +196,51 @@ class PromptContrastiveModule(pl.LightningModule):
         object.__setattr__(self, "training_call", torch.compile(self.transformer, dynamic=False))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # Lightning records no class; export and `load_module_checkpoint` rebuild the module from this.
-        checkpoint["promptemb_module"] = f"{type(self).__module__}.{type(self).__qualname__}"
+        # Lightning records no class; export and `load_module_checkpoint` find the recipe by this name.
+        checkpoint[RECORD_KEY] = recipe_record(self)
+
+    # -- what the rest of the framework asks of a recipe (lightning_modules/recipe.py) ----------------------------
+
+    #: Whether checkpoints hold only a LoRA adapter (rebuilt on the recorded base model), so that an export may
+    #: merge it into full weights or keep it (`adapter=merge|keep`).
+    adapter_only: bool = False
+
+    @classmethod
+    def load_checkpoint(cls, path: Path, checkpoint: dict, base_model: str | None = None) -> PromptContrastiveModule:
+        """The module of one of this recipe's checkpoints (eval mode, CPU): rebuilt from its hyper-parameters, the
+        trained weights loaded strictly; `base_model` replaces a base model that has moved."""
+        return rebuild_with_weights(cls, path, checkpoint, base_model)
+
+    @classmethod
+    def check_encoding_options(cls, path: Path, hyper_parameters: dict, *, pooler: str | None = None,
+                               denoise: bool | None = None, adapter: str | None = None) -> None:
+        """The options of an export or `load_encoder` for one of this recipe's checkpoints, refused in one line
+        before it loads: `adapter=` is for the LoRA recipes."""
+        if adapter is not None:
+            raise ConfigError(f"adapter={adapter} applies to checkpoints of the LoRA recipes; {path} is a "
+                              f"{cls.__name__} checkpoint with full weights: drop adapter=")
+
+    def encoding_spec(self, pooler: str | None = None, denoise: bool | None = None,
+                      adapter: str | None = None) -> EncodingSpec:
+        """How this module encodes at inference and what its export records: its primary evaluation pooler (a
+        [MASK] pooler with the denoising and head it is scored with, a [CLS] or a mean pooler) on its evaluation
+        template, or `pooler="avg"` (the templated mean); `denoise` overrides the [MASK] pooler's denoising. A
+        recipe whose primary pooler is none of these overrides this."""
+        type(self).check_encoding_options(Path("(this module)"), dict(self.hparams), pooler=pooler, denoise=denoise,
+                                          adapter=adapter)
+        primary = self.eval_poolers()[0]
+        kind = pooler or export_kind(primary)
+        if kind is None:
+            raise ConfigError(f"{type(self).__name__}'s primary evaluation pooler ({type(primary).__name__}) has no "
+                              "export form; export pooler=avg, or override encoding_spec in the recipe")
+        mask = kind == "mask" and isinstance(primary, MaskPooler)
+        return EncodingSpec(
+            transformer=self.transformer, tokenizer=self.tokenizer, template=self.eval_template.text,
+            sentence_rule=self.hparams.sentence_rule, pooler=kind, layer=getattr(primary, "layer", -1),
+            denoise=(primary.denoise if denoise is None else denoise) if mask else bool(denoise),
+            head=getattr(primary, "head", None) if kind in ("mask", "cls") else None,
+            head_after_denoise=getattr(primary, "head_after_denoise", False),
+            soft_template=getattr(self, "soft_template", None), max_length=self.max_length)
 
     # -- representations ------------------------------------------------------------------------------------------
 

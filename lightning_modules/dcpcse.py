@@ -24,7 +24,6 @@ import torch
 
 from promptemb.common.bounds import AtLeastOne, NonNegative
 from promptemb.common.errors import ConfigError
-from promptemb.encoder.outputs import EncoderOutput
 from promptemb.lightning_modules.base import PromptContrastiveModule
 from promptemb.lightning_modules.deep_prompt import (
     DeepPrompt,
@@ -34,8 +33,9 @@ from promptemb.lightning_modules.deep_prompt import (
 )
 from promptemb.lightning_modules.heads import MLPHead
 from promptemb.lightning_modules.losses import gather_with_grad, info_nce
+from promptemb.lightning_modules.recipe import EncodingSpec, register_recipe
 from promptemb.poolers import build_pooler
-from promptemb.poolers.base import Needs, Pooler
+from promptemb.poolers.base import Pooler
 from promptemb.poolers.cls import CLSPooler
 
 #: The plain input: DCPCSE prompts through the prefixes, not through template words.
@@ -75,23 +75,7 @@ def dcpcse_objective(anchors: torch.Tensor, positives: torch.Tensor, negatives: 
     return loss
 
 
-class CLSHeadPooler(Pooler):
-    """e = tanh(W h_[CLS] + b): the supervised recipe's evaluation representation (the official sentemb_forward
-    without `mlp_only_train`). Named "cls" like the plain [CLS] pooler it replaces, as PromptBERTSup's headed [MASK]
-    pooler is named "mask": the recipe's representation, whose dev score selects the checkpoint."""
-
-    def __init__(self, head: MLPHead, name: str = "cls"):
-        super().__init__(name)
-        self.head = head
-
-    @property
-    def needs(self) -> Needs:
-        return Needs(layers=(-1,))
-
-    def __call__(self, out: EncoderOutput) -> torch.Tensor:
-        return self.head(out.layer(-1)[:, 0])
-
-
+@register_recipe("dcpcse")
 class DCPCSE(PromptContrastiveModule):
     """Frozen encoder with deep prompts (`pre_seq_len` prefix positions at every layer; `prefix_projection`: the
     official MLP reparameterisation with `prefix_hidden_size` hidden units), trained with InfoNCE on two dropout
@@ -144,7 +128,7 @@ class DCPCSE(PromptContrastiveModule):
         # the official MLPLayer, created after the freeze (it trains) and drawn as `init_weights` draws it
         self.mlp = MLPHead(config.hidden_size, init_std=float(getattr(config, "initializer_range", 0.02)))
         self.pooler = CLSPooler("cls")
-        self.eval_pooler = CLSPooler("cls") if mlp_only_train else CLSHeadPooler(self.mlp)
+        self.eval_pooler = CLSPooler("cls", head=None if mlp_only_train else self.mlp)
 
     def contrastive_views(self, batch):
         """Sentences (a list of strings, or pre-tokenized {"ids": [B, L], ...}): two dropout views of each, in one
@@ -175,3 +159,13 @@ class DCPCSE(PromptContrastiveModule):
 
     def eval_poolers(self) -> list[Pooler]:
         return [self.eval_pooler, build_pooler("avg")]
+
+    def encoding_spec(self, pooler: str | None = None, denoise: bool | None = None,
+                      adapter: str | None = None) -> EncodingSpec:
+        """Its [CLS] (through the MLP when it scores checkpoints so) or the plain mean, attending over its deep
+        prompts."""
+        if pooler not in (None, "cls", "avg"):
+            raise ConfigError(f"a model with deep prompts (DCPCSE) exports pooler=cls or avg, not {pooler}")
+        spec = super().encoding_spec(pooler, denoise, adapter)
+        spec.deep_prompt = self.deep_prompt
+        return spec

@@ -37,11 +37,12 @@ from promptemb.lightning_modules.prompteol import (
     ADAPTER_RECORD,
     SELECTION_POOLER_NAME,
     PromptEOLSup,
+    adapter_record,
     is_adapter_key,
-    read_adapter_checkpoint,
     restore_adapter_module,
     weights_sha256,
 )
+from promptemb.lightning_modules.recipe import EncodingSpec, register_recipe
 from promptemb.poolers.llm2vec import POOLING_MODES, LLM2VecPooler
 
 #: run_mntp.py / run_simcse.py `initialize_peft`: every projection of LLaMA, Mistral, Gemma and Qwen2 blocks
@@ -67,6 +68,7 @@ def check_llm2vec_model(recipe: str, model_name_or_path: str, revision: str | No
     check_bidirectional_family(recipe, config)
 
 
+@register_recipe("llm2vec_contrastive")
 class LLM2VecContrastive(PromptEOLSup):
     """LLM2Vec's SimCSE (`views=dropout`: each sentence twice, attention dropout) or supervised stage
     (`views=triplets`) with LoRA on the bidirectional model; embeddings pooled as `poolers/llm2vec.py`."""
@@ -193,23 +195,42 @@ class LLM2VecContrastive(PromptEOLSup):
         super().on_save_checkpoint(checkpoint)  # the adapter only, with the base model's name and weights sha256
         checkpoint[ADAPTER_RECORD]["mntp_adapter_sha256"] = self.mntp_adapter_sha256
 
+    # -- what the framework asks of the recipe ----------------------------------------------------------------
 
-def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> LLM2VecContrastive:
-    """The module of an LLM2VecMNTP / LLM2VecContrastive checkpoint in eval mode: its base model (recorded name, or
-    `base_model`), the MNTP adapter it was trained on merged in (the very file: its sha256 is recorded), and the
-    trained adapter. A base or MNTP adapter other than the recorded one is refused in one line."""
-    checkpoint, record, hparams = read_adapter_checkpoint(path, base_model, "an LLM2Vec recipe")
-    mntp = hparams.get("mntp_adapter")
-    if mntp:
-        if not Path(mntp).is_file():
-            raise DataError(f"checkpoint {path} was trained on the MNTP adapter {mntp}, which no longer exists; put "
-                            "that checkpoint back where it was")
-        if sha256_file(Path(mntp), cached=False) != record.get("mntp_adapter_sha256"):
-            raise DataError(f"checkpoint {path} was trained on another MNTP adapter than the one now at {mntp} "
-                            "(sha256 differs from the recorded one); put the original checkpoint back there")
-    module_class = LLM2VecMNTP if str(checkpoint.get("promptemb_module", "")).endswith("LLM2VecMNTP") \
-        else LLM2VecContrastive
-    return restore_adapter_module(module_class, path, checkpoint, record, hparams)
+    own_pooler = ("llm2vec", "its LLM2Vec pooling")
+
+    @classmethod
+    def load_checkpoint(cls, path: Path, checkpoint: dict, base_model: str | None = None) -> LLM2VecContrastive:
+        """Its base model (recorded name, or `base_model`), the MNTP adapter it was trained on merged in (the very
+        file: its sha256 is recorded), and the trained adapter, in eval mode. A base or MNTP adapter other than the
+        recorded one is refused in one line."""
+        record, hparams = adapter_record(path, checkpoint, base_model)
+        mntp = hparams.get("mntp_adapter")
+        if mntp:
+            if not Path(mntp).is_file():
+                raise DataError(f"checkpoint {path} was trained on the MNTP adapter {mntp}, which no longer exists; "
+                                "put that checkpoint back where it was")
+            if sha256_file(Path(mntp), cached=False) != record.get("mntp_adapter_sha256"):
+                raise DataError(f"checkpoint {path} was trained on another MNTP adapter than the one now at {mntp} "
+                                "(sha256 differs from the recorded one); put the original checkpoint back there")
+        return restore_adapter_module(cls, path, checkpoint, record, hparams)
+
+    @classmethod
+    def check_encoding_options(cls, path: Path, hyper_parameters: dict, *, pooler: str | None = None,
+                               denoise: bool | None = None, adapter: str | None = None) -> None:
+        """A contrastive adapter sits on the base with the MNTP adapter merged in, which no kept adapter can name:
+        merge only."""
+        super().check_encoding_options(path, hyper_parameters, pooler=pooler, denoise=denoise, adapter=adapter)
+        if adapter == "keep" and hyper_parameters.get("mntp_adapter"):
+            raise ConfigError(f"adapter=keep: {path} was trained on an MNTP adapter merged into its base, which a "
+                              "kept adapter cannot name; export with adapter=merge (full weights)")
+
+    def encoding_spec(self, pooler: str | None = None, denoise: bool | None = None,
+                      adapter: str | None = None) -> EncodingSpec:
+        """LLM2Vec's pooling of the bidirectional model on the plain sentence in its input format (no template)."""
+        spec = super().encoding_spec(pooler, denoise, adapter)
+        spec.template, spec.pooler, spec.llm2vec = None, self.own_pooler[0], self.pooler.settings()
+        return spec
 
 
 class _Bound:
@@ -269,6 +290,7 @@ def mntp_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
                            ignore_index=-100)
 
 
+@register_recipe("llm2vec_mntp")
 class LLM2VecMNTP(LLM2VecContrastive):
     """LLM2Vec's masked next-token prediction with LoRA on the bidirectional decoder (see the module docstring);
     evaluated during training with LLM2Vec's mean pooling (what MNTP is meant to make usable)."""

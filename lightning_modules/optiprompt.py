@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from promptemb.lightning_modules.base import PromptContrastiveModule
+from promptemb.lightning_modules.recipe import register_recipe
 from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers import build_pooler
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.mask import MaskPooler
 
 
+@register_recipe("optiprompt")
 class OptiPrompt(PromptContrastiveModule):
     """The encoder's weights are frozen; the template tokens become trainable vectors (`SoftTemplate`) initialised
     from the manual template's word embeddings and written into `inputs_embeds` at the template's positions. Two

@@ -11,6 +11,7 @@ import torch
 from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules.base import PromptContrastiveModule
 from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
+from promptemb.lightning_modules.recipe import register_recipe
 from promptemb.poolers import build_pooler
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.mask import MaskPooler
@@ -18,6 +19,7 @@ from promptemb.poolers.mask import MaskPooler
 BERT_TEMPLATES = ('This sentence of "[X]" means [MASK] .', 'This sentence : "[X]" means [MASK] .')
 
 
+@register_recipe("promptbert_unsup")
 class PromptBERTUnsup(PromptContrastiveModule):
     """Two templates give two views of each sentence; both are template-denoised (training only), passed through an
     MLP (dense + tanh, training only) and contrasted with InfoNCE (τ = 0.05). Evaluation: one template, [MASK]
@@ -63,6 +65,7 @@ SupervisedHead = Literal["mlm_transform", "tanh_mlp"]
 SUPERVISED_HEADS = typing.get_args(SupervisedHead)
 
 
+@register_recipe("promptbert_sup")
 class PromptBERTSup(PromptContrastiveModule):
     """NLI triplets (sentence, entailment, contradiction), one template for all three; denoised in training AND
     evaluation; contradictions are extra InfoNCE columns. Representation (`head_type`): `mlm_transform`, g(h_[MASK]) −

@@ -37,13 +37,18 @@ from promptemb.encoder.model import BATCH_SIZE, Encoder
 from promptemb.encoder.pooling import Needs
 from promptemb.encoder.template import SentenceRule, Template
 from promptemb.lightning_modules.base import DEFAULT_OPTIMIZER, DEFAULT_SCHEDULER, PromptContrastiveModule
-from promptemb.lightning_modules.checkpoint import read_checkpoint
+from promptemb.lightning_modules.checkpoint import recorded_arguments
 from promptemb.lightning_modules.promptbert import PromptBERTSup
+from promptemb.lightning_modules.recipe import EncodingSpec, register_recipe
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
 
 #: keys of the adapter record in a checkpoint
 ADAPTER_RECORD = "promptemb_adapter"
+#: `adapter=` of an export or `load_encoder`: fold the adapter into full weights, or keep it as peft files on the base
+ADAPTER_MODES = ("merge", "keep")
+#: where a kept adapter's peft files go inside an export
+ADAPTER_DIR = "adapter"
 #: the name the primary evaluation pooler is logged under: the metric checkpoint selection monitors
 #: (`val/stsb_dev/mask_best`) for every recipe; here it is the last token of the PromptEOL template
 SELECTION_POOLER_NAME = "mask"
@@ -64,6 +69,7 @@ def is_adapter_key(key: str) -> bool:
     return "lora_" in key
 
 
+@register_recipe("prompteol_sup")
 class PromptEOLSup(PromptContrastiveModule):
     """LoRA contrastive fine-tuning of a decoder on NLI triplets with the PromptEOL template (see the module
     docstring). Shares InfoNCE, gradient caching, cross-rank negatives and the optimiser with the encoder recipes."""
@@ -225,40 +231,78 @@ class PromptEOLSup(PromptContrastiveModule):
                                       "base_weights_sha256": self.base_weights_sha256}
 
 
+    # -- what the framework asks of the recipe: an adapter on its recorded base --------------------------------
+
+    adapter_only = True
+    #: the one pooler its checkpoints encode with, and what it is
+    own_pooler = ("last_token", "the template's last token")
+
+    @classmethod
+    def load_checkpoint(cls, path: Path, checkpoint: dict, base_model: str | None = None) -> PromptEOLSup:
+        """Its base model (recorded name, or `base_model`) with the trained adapter, in eval mode; a base whose
+        weights differ from the recorded hash is refused in one line."""
+        record, hparams = adapter_record(path, checkpoint, base_model)
+        return restore_adapter_module(cls, path, checkpoint, record, hparams)
+
+    @classmethod
+    def check_encoding_options(cls, path: Path, hyper_parameters: dict, *, pooler: str | None = None,
+                               denoise: bool | None = None, adapter: str | None = None) -> None:
+        """A decoder checkpoint encodes with its own pooler, without denoising; `adapter` is merge or keep."""
+        own, what = cls.own_pooler
+        if pooler not in (None, own):
+            raise ConfigError(f"{path} is a decoder checkpoint: it exports pooler={own} ({what}); drop pooler=")
+        if denoise is not None:
+            raise ConfigError(f"{path} is a decoder checkpoint: template denoising is defined for [MASK] templates "
+                              "only; drop denoise=")
+        if adapter is not None and adapter not in ADAPTER_MODES:
+            raise ConfigError(f"unknown adapter={adapter}; valid: {', '.join(ADAPTER_MODES)}")
+
+    def encoding_spec(self, pooler: str | None = None, denoise: bool | None = None,
+                      adapter: str | None = None) -> EncodingSpec:
+        """The evaluation template's last token. `adapter="merge"`: the adapter folded into a copy of the base
+        weights (the module stays unmerged); "keep" or None: the peft model itself, recorded with the base model's
+        name and weights sha256."""
+        type(self).check_encoding_options(Path("(this module)"), dict(self.hparams), pooler=pooler, denoise=denoise,
+                                          adapter=adapter)
+        hparams = self.hparams
+        quantization = hparams.get("quantization")
+        if adapter == "merge":
+            if quantization is not None:
+                raise ConfigError("a 4-bit (QLoRA) base cannot be merged exactly; export with adapter=keep")
+            transformer, kept = merged_copy(self).eval(), None
+        else:
+            transformer = self.transformer
+            kept = {"base_model": hparams.model_name_or_path, "base_weights_sha256": self.base_weights_sha256,
+                    "dir": ADAPTER_DIR, "dtype": hparams.dtype, "quantization": quantization}
+        return EncodingSpec(transformer=transformer, tokenizer=self.tokenizer, template=self.eval_template.text,
+                            sentence_rule=hparams.sentence_rule, pooler=self.own_pooler[0], layer=self.pooler.layer,
+                            max_length=self.max_length, padding_side=hparams.padding_side, adapter=kept,
+                            source={"adapter_export": adapter or "keep"})
+
+
 def adapter_state(module: PromptEOLSup) -> dict[str, torch.Tensor]:
     return {k: v for k, v in module.state_dict().items() if is_adapter_key(k)}
 
 
-def read_adapter_checkpoint(path: str | Path, base_model: str | None, recipe: str) -> tuple[dict, dict, dict]:
-    """(checkpoint, adapter record, hyper-parameters with `base_model` in place of the recorded name) of a LoRA
-    recipe's checkpoint; one line when it holds no adapter record (`recipe` names what to pass instead)."""
-    checkpoint = read_checkpoint(path)
+def adapter_record(path: str | Path, checkpoint: dict, base_model: str | None) -> tuple[dict, dict]:
+    """(adapter record, constructor arguments with `base_model` in place of the recorded name) of a LoRA recipe's
+    checkpoint; one line when it holds no adapter record."""
     record = checkpoint.get(ADAPTER_RECORD)
     if not isinstance(record, dict) or "base_weights_sha256" not in record:
-        raise DataError(f"checkpoint {path} holds no LoRA adapter record; pass a checkpoint of {recipe}")
-    hparams = dict(checkpoint["hyper_parameters"])
-    if base_model:
-        hparams["model_name_or_path"] = base_model
-    return checkpoint, record, hparams
+        raise DataError(f"checkpoint {path} holds no LoRA adapter record; it was not written by a LoRA recipe")
+    return record, recorded_arguments(checkpoint, base_model)
 
 
-def restore_adapter_module(module_class, path: str | Path, checkpoint: dict, record: dict, hparams: dict):
+def restore_adapter_module(module_class, path: str | Path, checkpoint: dict, record: dict, arguments: dict):
     """`module_class` rebuilt on its base (refused in one line when the base's weights differ from the recorded
     hash) with the checkpoint's adapter, in eval mode."""
-    module = module_class(**hparams, base_weights_sha256=record["base_weights_sha256"])
+    module = module_class(**{**arguments, "base_weights_sha256": record["base_weights_sha256"]})
     try:
         module.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as err:
         raise DataError(f"checkpoint {path}: {str(err).splitlines()[0]}") from None
     module.eval()
     return module
-
-
-def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> PromptEOLSup:
-    """The module of a PromptEOLSup checkpoint: its base model (recorded name, or `base_model`) with the trained
-    adapter, in eval mode. A base whose weights differ from the recorded hash is refused in one line."""
-    checkpoint, record, hparams = read_adapter_checkpoint(path, base_model, "PromptEOLSup")
-    return restore_adapter_module(PromptEOLSup, path, checkpoint, record, hparams)
 
 
 def merged_copy(module: PromptEOLSup) -> torch.nn.Module:

@@ -1,4 +1,5 @@
-"""Pooler names usable in configs (`poolers=[mean,mask]`), each a class plus default arguments."""
+"""Pooler names usable in configs (`poolers=[mean,mask]`), each a class plus default arguments; a pooler of the user's
+own module registers with `@register_pooler("name")` (docs/extending.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.registry import build_named
+from promptemb.common.registry import Registry, build_named
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.cls import CLSPooler
 from promptemb.poolers.decoder import (
@@ -36,7 +37,7 @@ from promptemb.poolers.sbert_wk import SBERTWKPooler
 from promptemb.poolers.static import StaticPooler
 from promptemb.poolers.token_average import TokenAveragePooler
 
-_REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
+BUILTIN_POOLERS: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "cls": (CLSPooler, {}),
     "mean": (MeanPooler, {}),
     "first_last": (MeanPooler, {"layers": [1, -1]}),
@@ -88,7 +89,22 @@ _REGISTRY: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "ck": (EnsemblePooler, {"members": ["ke", "pcot"], "layer": -1,
                             "paper": "Cheng et al. 2025, CK (zifengcheng/CP --prompt_method ck)"}),
 }
-POOLER_NAMES = tuple(_REGISTRY)
+POOLERS = Registry("pooler", "docs/reference.md", 'decorate the class with @register_pooler("NAME") in its module and '
+                   "pass imports=[MODULE]")
+for _name, (_cls, _defaults) in BUILTIN_POOLERS.items():
+    POOLERS.register(_name, (_cls, _defaults), owner=_cls)
+
+
+def register_pooler(name: str, **defaults: Any):
+    """Class decorator: `poolers=[name]` builds the class with `defaults` (and the run's `pooler_args.name`). The class
+    follows the pooler contract (encoder/pooling.py: `needs`, `__call__`); its constructor takes `name` first."""
+    def register(cls: type[Pooler]) -> type[Pooler]:
+        if not (isinstance(cls, type) and issubclass(cls, Pooler)):
+            raise TypeError(f"@register_pooler({name!r}) decorates a Pooler subclass, not {cls!r}")
+        POOLERS.register(name, (cls, dict(defaults)), owner=cls)
+        return cls
+    return register
+
 #: `NAME@LAYER` (e.g. `prompteol@-2`, `mean@3`) builds pooler NAME at hidden-state index LAYER, so one run can score a
 #: method at several layers side by side
 LAYER_SEPARATOR = "@"
@@ -179,14 +195,14 @@ def is_ensemble(name: str) -> bool:
     if ENSEMBLE_SEPARATOR in name:
         return True
     base = split_layer(name)[0]
-    return base in _REGISTRY and _REGISTRY[base][0] is EnsemblePooler
+    return base in POOLERS and POOLERS[base][0] is EnsemblePooler
 
 
 def ensemble_members(name: str, arguments: Mapping[str, Any] | None = None) -> list[str]:
     """The member names of ensemble `name` with its own pooler_args `arguments` (unchecked; [] when none given)."""
     if ENSEMBLE_SEPARATOR in name:
         return name.split(ENSEMBLE_SEPARATOR)
-    members = dict(arguments or {}).get("members", _REGISTRY[split_layer(name)[0]][1].get("members"))
+    members = dict(arguments or {}).get("members", POOLERS[split_layer(name)[0]][1].get("members"))
     return [str(member) for member in members] if isinstance(members, Sequence) and not isinstance(members, str) \
         else []
 
@@ -197,15 +213,14 @@ def _check_name(name: str) -> None:
         if not part:
             raise ConfigError(f"pooler {name!r} is malformed: join member poolers with {ENSEMBLE_SEPARATOR!r}, e.g. "
                               "pcot+ke")
-        if base not in _REGISTRY:
-            what = f"unknown pooler {base!r}" + (f" in ensemble {name!r}" if part != name else "")
-            raise ConfigError(f"{what}; valid poolers: {', '.join(POOLER_NAMES)}")
+        if base not in POOLERS:
+            raise POOLERS.unknown(base, f"ensemble {name!r}" if part != name else None)
 
 
 def pooler_class(name: str) -> type[Pooler]:
     """The class behind a registered name (to inspect its arguments without building it)."""
     _check_name(name)
-    return EnsemblePooler if ENSEMBLE_SEPARATOR in name else _REGISTRY[split_layer(name)[0]][0]
+    return EnsemblePooler if ENSEMBLE_SEPARATOR in name else POOLERS[split_layer(name)[0]][0]
 
 
 def build_pooler(name: str, *, member_args: Mapping[str, Mapping[str, Any]] | None = None,
@@ -217,10 +232,10 @@ def build_pooler(name: str, *, member_args: Mapping[str, Mapping[str, Any]] | No
         return _build_ensemble(name, overrides, dict(member_args or {}))
     base, layer = split_layer(name)
     if layer is None:
-        return build_named(_REGISTRY, "pooler", "valid poolers", name, overrides)
-    if "layer" not in inspect.signature(_REGISTRY[base][0]).parameters:
+        return build_named(POOLERS, "pooler", name, overrides)
+    if "layer" not in inspect.signature(POOLERS[base][0]).parameters:
         raise ConfigError(f"pooler {name!r}: {base!r} has no single layer to set; use pooler_args.{base}")
-    return build_named({name: _REGISTRY[base]}, "pooler", "valid poolers", name, {**overrides, "layer": layer})
+    return build_named({name: POOLERS[base]}, "pooler", name, {**overrides, "layer": layer})
 
 
 def _build_ensemble(name: str, overrides: Mapping[str, Any], member_args: dict) -> EnsemblePooler:
@@ -228,7 +243,7 @@ def _build_ensemble(name: str, overrides: Mapping[str, Any], member_args: dict) 
     then the ensemble over them."""
     joined = ENSEMBLE_SEPARATOR in name
     base, at_layer = (name, None) if joined else split_layer(name)
-    arguments = {**({} if joined else _REGISTRY[base][1]), **overrides}
+    arguments = {**({} if joined else POOLERS[base][1]), **overrides}
     if at_layer is not None:
         arguments["layer"] = at_layer
     if joined and "members" in arguments:
@@ -252,11 +267,11 @@ def _build_ensemble(name: str, overrides: Mapping[str, Any], member_args: dict) 
             if split_layer(member)[1] is not None or "layer" in extra:
                 raise ConfigError(f"pooler {name!r} sets one layer ({layer}) for all its members, and member "
                                   f"{member!r} sets its own; drop one of them")
-            if "layer" not in inspect.signature(_REGISTRY[member][0]).parameters:
+            if "layer" not in inspect.signature(POOLERS[member][0]).parameters:
                 raise ConfigError(f"pooler {name!r}: member {member!r} has no single layer to set to {layer}")
             extra["layer"] = layer
         built.append(build_pooler(member, **extra))
-    return build_named({name: (EnsemblePooler, {})}, "pooler", "valid poolers", name, {**arguments, "members": built})
+    return build_named({name: (EnsemblePooler, {})}, "pooler", name, {**arguments, "members": built})
 
 
 def argument_names(names: Sequence[str], pooler_args: Mapping[str, Any] | None = None) -> set[str]:
@@ -272,10 +287,7 @@ def argument_names(names: Sequence[str], pooler_args: Mapping[str, Any] | None =
 def build_poolers(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pooler]:
     pooler_args = dict(pooler_args or {})
     if not names:
-        raise ConfigError(f"no poolers given; valid poolers: {', '.join(POOLER_NAMES)}")
-    unknown = [name for name in names if ENSEMBLE_SEPARATOR not in name and split_layer(name)[0] not in _REGISTRY]
-    if unknown:
-        raise ConfigError(f"unknown pooler {', '.join(unknown)}; valid poolers: {', '.join(POOLER_NAMES)}")
+        raise ConfigError(f"no poolers given; {len(POOLERS)} poolers are listed in docs/reference.md")
     for name in names:
         _check_name(name)
     if len(set(names)) != len(names):

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.registry import build_named
+from promptemb.common.registry import Registry, build_named
 from promptemb.postprocessing.abtt import AllButTheTop
 from promptemb.postprocessing.base import PostProcessor
 from promptemb.postprocessing.normalize import Normalize
@@ -14,15 +14,17 @@ from promptemb.postprocessing.quantile import QuantileUniform
 from promptemb.postprocessing.whiten import Whiten
 from promptemb.postprocessing.zscore import ZScore
 
-_REGISTRY: dict[str, tuple[type[PostProcessor], dict[str, Any]]] = {
+POSTS = Registry("post-processor", "docs/reference.md", "register it with POSTS.register(NAME, (CLASS, DEFAULTS))")
+for _name, (_cls, _defaults) in {
     "quantile_u": (QuantileUniform, {}),
     "zscore": (ZScore, {}),
     "whiten": (Whiten, {}),
     "abtt": (AllButTheTop, {}),
     "normalize": (Normalize, {}),
     "quantile_n": (QuantileUniform, {"output_distribution": "normal"}),
-}
-POST_NAMES = tuple(_REGISTRY)
+}.items():
+    POSTS.register(_name, (_cls, _defaults), owner=_cls)
+POST_NAMES = tuple(POSTS)
 
 _EXTRACTION_STUDY = ('Stankevičius & Lukoševičius (2024), "Extracting Sentence Embeddings from Pretrained Transformer '
                      'Models"')
@@ -40,7 +42,7 @@ PAPERS: dict[str, str] = {
 
 
 def build_post(name: str, **overrides: Any) -> PostProcessor:
-    return build_named(_REGISTRY, "post-processor", "valid", name, overrides)
+    return build_named(POSTS, "post-processor", name, overrides)
 
 
 def build_posts(names: list[str], post_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[PostProcessor]:

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from promptemb.common.io import atomic_write_text
-from promptemb.poolers.registry import _REGISTRY as POOLERS
+from promptemb.poolers.registry import BUILTIN_POOLERS as POOLERS
 from promptemb.poolers.registry import PAPERS as POOLER_PAPERS
-from promptemb.postprocessing.registry import _REGISTRY as POSTS
 from promptemb.postprocessing.registry import PAPERS as POST_PAPERS
+from promptemb.postprocessing.registry import POSTS
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
-from promptemb.common.errors import ConfigError, UserError
+from promptemb.common.errors import ConfigError
 from promptemb.common.instantiate import build
 from promptemb.data.checksums import sha256_file
 from promptemb.data.mined_triplets import mined_provenance, mined_summary
 from promptemb.encoder.loading import resolve_model_path
-from promptemb.lightning_modules.checkpoint import LINEAGE_KEY, module_class_path
+from promptemb.lightning_modules.checkpoint import LINEAGE_KEY
 from promptemb.training.settings import TrainSettings
 
 #: Files of a Hugging Face model directory that hold its weights, and those that define its tokenizer.
@@ -106,20 +106,6 @@ def input_lineage(settings: dict) -> dict:
     return record
 
 
-def checkpoint_lineage(checkpoint: dict) -> dict:
-    """The lineage a checkpoint recorded; for checkpoints written before lineage was recorded, what their
-    hyper-parameters and module record still tell (recipe, backbone name, templates)."""
-    if isinstance(checkpoint.get(LINEAGE_KEY), dict):
-        return checkpoint[LINEAGE_KEY]
-    hparams = checkpoint.get("hyper_parameters") or {}
-    try:
-        recipe = module_class_path(checkpoint)
-    except UserError:  # no recognisable recipe: nothing to compare on that item
-        recipe = None
-    record = {"recipe": recipe, "backbone": hparams.get("model_name_or_path"), **input_lineage(hparams)}
-    return {key: value for key, value in record.items() if value is not None}
-
-
 def short(value) -> str:
     if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
         return value[:12]  # a sha256
@@ -154,7 +140,11 @@ def lineage_changes(saved: dict, current: dict) -> list[str]:
 def check_lineage(checkpoint_path: Path, checkpoint: dict, current: dict) -> None:
     """Refuse, in one line naming every changed item, a resume whose config does not match what the checkpoint was
     trained with."""
-    changes = lineage_changes(checkpoint_lineage(checkpoint), current)
+    saved = checkpoint.get(LINEAGE_KEY)
+    if not isinstance(saved, dict):
+        raise ConfigError(f"cannot resume from {checkpoint_path}: it records no lineage (corpus, settings, base "
+                          "weights) to check the resume against; pass a checkpoint written by train.py")
+    changes = lineage_changes(saved, current)
     if changes:
         raise ConfigError(f"cannot resume from {checkpoint_path}: it was trained with other settings: "
                           f"{'; '.join(changes)}; resume with the settings it was trained with, or start a fresh run "

@@ -21,6 +21,7 @@ from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import (
     COMPOSITION,
+    CommandSettings,
     Settings,
     check_accelerator,
     check_node_maps,
@@ -32,6 +33,7 @@ from promptemb.data.root import resolve_data_root
 from promptemb.encoder.loading import check_model_source
 from promptemb.encoder.settings import TemplateSettings, check_backbone, check_template
 from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
+from promptemb.lightning_modules.recipe import require_registered
 from promptemb.training.trainer import check_compile
 
 
@@ -67,7 +69,7 @@ class ExpectedScores(Settings):
     scores: dict[str, float]
 
 
-class TrainSettings(Settings):
+class TrainSettings(CommandSettings):
     described_as: ClassVar[str] = "train.py's config"
 
     task_name: str
@@ -121,7 +123,10 @@ class TrainSettings(Settings):
         check_compile(bool(trainer.get("compile")), trainer.get("accelerator"))
         check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
         check_clipping(trainer.get("precision"), trainer.get("gradient_clip_val"), self.optimizer)
-        if hasattr(recipe := target_of(model), "check_config"):
+        recipe = target_of(model)
+        if recipe is not None:
+            require_registered(recipe)
+        if hasattr(recipe, "check_config"):
             recipe.check_config(model)
         if trainer.get("compile") and hasattr(recipe, "check_compile"):
             recipe.check_compile(model)

@@ -129,7 +129,7 @@ def test_checksum_mismatch_and_malformed_line(mini_data, tiny_bert, tmp_path):
 
 @pytest.mark.parametrize(
     ("overrides", "pattern"),
-    [(["poolers=[mean,nope]"], r"unknown pooler nope; valid poolers: cls, mean, first_last, avg, static, mask"),
+    [(["poolers=[mean,nope]"], r"unknown pooler 'nope'; all \d+ are listed in docs/reference\.md"),
      (["tasks=[STS17]"], r"unknown task STS17; valid tasks: STS12, STS13"),
      (["poolers=[mask]", "template.text='This sentence means [MASK] .'"], r"has 0 '\[X\]' slots; it needs exactly one"),
      (["poolers=[mask]", """template.text='This sentence : "[X]" .'"""],

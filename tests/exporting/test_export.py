@@ -282,24 +282,14 @@ def test_existing_out_is_refused_unless_overwrite(checkpoints, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 
 
-def test_supervised_checkpoint_has_no_mlm_model_and_legacy_ones_still_load(checkpoints, tmp_path):
-    ckpt = checkpoints["quickstart_sup"]
-    saved = torch.load(ckpt, weights_only=True)
+def test_supervised_checkpoint_records_its_recipe_and_holds_no_mlm_model(checkpoints):
+    saved = torch.load(checkpoints["quickstart_sup"], weights_only=True)
     assert not [k for k in saved["state_dict"] if k.startswith("mlm_model.")]
-    assert saved["promptemb_module"] == "promptemb.lightning_modules.promptbert.PromptBERTSup"
+    recipe = saved["promptemb_recipe"]
+    assert (recipe["name"], recipe["class"]) == ("promptbert_sup", "promptemb.lightning_modules.promptbert.PromptBERTSup")
+    assert recipe["arguments"]["model_name_or_path"] and "optimizer" not in recipe["arguments"]  # what rebuilds it
     assert {k.split(".")[0] for k in saved["state_dict"]} == {"transformer", "head"}
-    # a checkpoint written before the fix: duplicate `mlm_model.*` keys (decoder included), no class record
-    legacy = dict(saved)
-    legacy.pop("promptemb_module")
-    legacy["state_dict"] = {**saved["state_dict"],
-                            **{"mlm_model.bert." + k[len("transformer."):]: v for k, v in saved["state_dict"].items()
-                               if k.startswith("transformer.")},
-                            "mlm_model.cls.predictions.bias": torch.zeros(30522)}
-    torch.save(legacy, tmp_path / "legacy.ckpt")
-    loaded = load_module_checkpoint(tmp_path / "legacy.ckpt")
-    assert loaded.class_path.endswith("PromptBERTSup")
-    assert np.abs(load_encoder(tmp_path / "legacy.ckpt").encode(SENTENCES) - load_encoder(ckpt).encode(SENTENCES)
-                  ).max() == 0
+    assert load_module_checkpoint(checkpoints["quickstart_sup"]).recipe == "promptbert_sup"
 
 
 # -- bad input ------------------------------------------------------------------------------------------------------
@@ -319,12 +309,13 @@ def test_bad_checkpoint_is_one_line_error_and_writes_nothing(tmp_path, case):
     elif case == "not_promptemb":
         torch.save({"state_dict": {"w": torch.zeros(2)}}, ckpt)
     out = tmp_path / "out"
-    proc = run_export(*([] if case == "no_args" else [f"ckpt={ckpt}", f"out={out}"]))
+    proc = run_export(*([] if case == "no_args" else [f"ckpt_path={ckpt}", f"output_dir={out}"]))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     expected = {"missing": "does not exist", "corrupt": "is corrupt or not a PyTorch checkpoint",
-                "not_promptemb": "is not a promptemb training checkpoint", "no_args": "export needs ckpt=PATH"}[case]
+                "not_promptemb": "is not a promptemb training checkpoint",
+                "no_args": "export needs ckpt_path=PATH"}[case]
     assert expected in lines[0]
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ([] if case in ("missing", "no_args") else ["model.ckpt"])

@@ -216,20 +216,21 @@ def test_export_cli_refuses_bad_combinations_in_one_line(tiny_bert, decoders, tm
     plain = module_checkpoint(tiny_bert, tmp_path / "encoder.ckpt")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     for overrides, message in [
-        ([f"ckpt={plain}", "adapter=keep"], "applies to checkpoints of the LoRA recipe"),
-        ([f"pretrained={decoders['llama']}", "adapter=keep"], "adapter= applies to ckpt= exports"),
-        ([f"ckpt={plain}", "layer=-2"], "layer= applies to a plain pretrained= export"),
-        ([f"ckpt={plain}", "template=prompteol"], "template.text= applies to a plain pretrained= export"),
-        ([f"ckpt={plain}", f"pretrained={decoders['llama']}"], "not both"),
+        ([f"ckpt_path={plain}", "adapter=keep"], "applies to checkpoints of the LoRA recipe"),
+        ([f"pretrained={decoders['llama']}", "adapter=keep"], "adapter= applies to ckpt_path= exports"),
+        ([f"ckpt_path={plain}", "layer=-2"], "layer= applies to a plain pretrained= export"),
+        ([f"ckpt_path={plain}", "template=prompteol"], "template.text= applies to a plain pretrained= export"),
+        ([f"ckpt_path={plain}", f"pretrained={decoders['llama']}"], "not both"),
         # options an export would accept and not use: a second view, a checkpoint's recorded rule, avg denoised
-        ([f"ckpt={plain}", "template.sentence_rule=promptbert"],
+        ([f"ckpt_path={plain}", "template.sentence_rule=promptbert"],
          "template.sentence_rule= applies to a plain pretrained= export"),
         ([f"pretrained={decoders['llama']}", "template=promptbert_bert_pair"], "template.second_text= is a second "
                                                                               "training view"),
-        ([f"ckpt={plain}", "pooler=avg", "denoise=true"], "pooler=avg does not pool it: drop denoise="),
-        ([f"ckpt={plain}", "score_tasks=[STS12]"], "score_tasks= is read when the export is scored: add score=true"),
+        ([f"ckpt_path={plain}", "pooler=avg", "denoise=true"], "pooler=avg does not pool it: drop denoise="),
+        ([f"ckpt_path={plain}", "score_tasks=[STS12]"],
+         "score_tasks= is read when the export is scored: add score=true"),
     ]:
-        run = subprocess.run([sys.executable, str(REPO / "export.py"), *overrides, f"out={tmp_path / 'out'}"],
+        run = subprocess.run([sys.executable, str(REPO / "export.py"), *overrides, f"output_dir={tmp_path / 'out'}"],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert_one_line_error(run, re.escape(message), tmp_path / "out")
 
@@ -237,7 +238,8 @@ def test_export_cli_refuses_bad_combinations_in_one_line(tiny_bert, decoders, tm
 def test_export_cli_exports_a_plain_decoder(decoders, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     run = subprocess.run([sys.executable, str(REPO / "export.py"), f"pretrained={decoders['opt']}",
-                          f"out={tmp_path / 'opt'}", f"max_length={MAX_LENGTH}", "layer=-2"],
+                          f"output_dir={tmp_path / 'opt'}", "template=prompteol", f"max_length={MAX_LENGTH}",
+                          "layer=-2"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     encoder = Encoder(str(decoders["opt"]), device="cpu", max_length=MAX_LENGTH, progress=False)

@@ -45,8 +45,7 @@ def seeded_adapter(module: torch.nn.Module, seed: int) -> None:
 def save_checkpoint(module, path: Path) -> Path:
     """As train.py writes it: the module's own on_save_checkpoint (adapter only, base name and sha256)."""
     checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams), "global_step": 2}
-    module.on_save_checkpoint(checkpoint)
-    checkpoint["promptemb_module"] = f"{type(module).__module__}.{type(module).__qualname__}"
+    module.on_save_checkpoint(checkpoint)  # the adapter, its base's sha256 and the recipe's name
     torch.save(checkpoint, path)
     return path
 

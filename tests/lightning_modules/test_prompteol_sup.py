@@ -18,15 +18,10 @@ from omegaconf import OmegaConf
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.instantiate import build
-from promptemb.exporting.decoder_adapter import export_adapter, load_merged_export
+from promptemb.exporting.runner import export_module
+from promptemb.inference.prompt_encoder import load_encoder
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
-from promptemb.lightning_modules.prompteol import (
-    ADAPTER_RECORD,
-    PromptEOLSup,
-    is_adapter_key,
-    load_adapter_checkpoint,
-    weights_sha256,
-)
+from promptemb.lightning_modules.prompteol import ADAPTER_RECORD, PromptEOLSup, is_adapter_key, weights_sha256
 from tests.conftest import REPO
 from tests.decoder_helpers import SENTENCES, save_tiny_decoder
 from tests.helpers import assert_close_scaled, assert_tensors_close
@@ -97,12 +92,12 @@ def test_checkpoint_holds_only_the_adapter_with_base_name_and_hash(trained, tiny
 @needs_data
 def test_reload_gives_equal_embeddings_and_refuses_another_base(trained, tmp_path):
     module, _, path = trained
-    reloaded = load_adapter_checkpoint(path)
+    reloaded = load_module_checkpoint(path).module
     # the same weights through the same kernels in this process: the same bits on any CPU
     torch.testing.assert_close(reloaded.embed(SENTENCES), module.embed(SENTENCES), rtol=0, atol=0)
     other = save_tiny_decoder(tmp_path / "other", "llama", seed=1)  # same shapes, different weights
     with pytest.raises(DataError) as caught:
-        load_adapter_checkpoint(path, base_model=str(other))
+        load_module_checkpoint(path, base_model=str(other))
     assert "\n" not in str(caught.value) and "base weights sha256" in str(caught.value)
 
 
@@ -129,7 +124,7 @@ def test_evaluate_scores_an_adapter_checkpoint_as_the_recipe_does(trained):
 
     module, _, path = trained
     loaded = load_module_checkpoint(path)
-    assert loaded.class_path.endswith("PromptEOLSup") and loaded.global_step == 12
+    assert loaded.recipe == "prompteol_sup" and loaded.global_step == 12
     model = open_trained_model(str(path), device="cpu")
     assert model.source["kind"] == "checkpoint" and model.source["checkpoint_sha256"] == loaded.sha256
     assert model.template.text == module.eval_template.text and model.encoder.is_decoder
@@ -140,19 +135,21 @@ def test_evaluate_scores_an_adapter_checkpoint_as_the_recipe_does(trained):
 
 
 @needs_data
-def test_merged_export_reloads_to_equal_embeddings(trained, tmp_path):
+def test_module_export_reloads_to_equal_embeddings(trained, tmp_path):
+    """`export_module` from Python: the adapter merged (a plain model directory, no LoRA weights) or kept (peft's
+    files naming the base), both reloading to the module's embeddings; the module itself stays unmerged."""
     module, _, _ = trained
     expected = module.embed(SENTENCES)
-    out = export_adapter(module, tmp_path / "merged", mode="merged")
+    out = export_module(module, tmp_path / "merged")
     assert not any(is_adapter_key(k) for k in json.loads((out / "config.json").read_text()))
-    encoder, pooler, form = load_merged_export(out)
-    got = encoder.encode_form(SENTENCES, [pooler], form)[pooler.name]
+    got = load_encoder(out).encode(SENTENCES, show_progress_bar=False)
     # merged weights W + BA are rounded to float32 once, then a forward of other sums: relative to the largest entry
     assert_close_scaled(got, expected, 1e-5)
     torch.testing.assert_close(module.embed(SENTENCES), expected, rtol=0, atol=0)  # unmerged: same bits, same kernels
-    kept = export_adapter(module, tmp_path / "adapter", mode="adapter")
-    adapter_config = json.loads((kept / "adapter_config.json").read_text())
+    kept = export_module(module, tmp_path / "adapter", adapter="keep")
+    adapter_config = json.loads((kept / "adapter" / "adapter_config.json").read_text())
     assert adapter_config["r"] == 8 and adapter_config["base_model_name_or_path"] == module.hparams.model_name_or_path
+    assert_close_scaled(load_encoder(kept).encode(SENTENCES, show_progress_bar=False), expected, 1e-5)
 
 
 def test_gradient_caching_gives_the_full_batch_gradient(tiny_llama):

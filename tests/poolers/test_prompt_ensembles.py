@@ -99,7 +99,7 @@ def test_an_encoder_ensemble_runs_on_the_plain_input(tiny_bert):
 
 
 @pytest.mark.parametrize(("names", "args", "pattern"), [
-    (["pcot+kee"], {}, r"^unknown pooler 'kee' in ensemble 'pcot\+kee'; valid poolers: cls, mean"),
+    (["pcot+kee"], {}, r"^unknown pooler 'kee' in ensemble 'pcot\+kee'; did you mean ke\? all \d+ are listed in "),
     (["pcot+"], {}, r"^pooler 'pcot\+' is malformed: join member poolers with '\+'"),
     (["ensemble"], {}, r"pooler 'ensemble' needs its member poolers: \+pooler_args\.ensemble\.members=\[pcot,ke\]"),
     (["ensemble"], {"ensemble": {"members": ["pcot", "nope"]}}, r"^unknown pooler 'nope'"),
@@ -134,7 +134,7 @@ def test_members_of_different_sizes_are_refused(tiny_bert, monkeypatch):
 
 
 @pytest.mark.parametrize(("override", "pattern"), [
-    ("poolers=[pcot+kee]", r"^error: unknown pooler 'kee' in ensemble 'pcot\+kee'; valid poolers: "),
+    ("poolers=[pcot+kee]", r"^error: unknown pooler 'kee' in ensemble 'pcot\+kee'; did you mean ke\? "),
     ("poolers=[ensemble(pcot,ke)]", r"^error: Hydra reads \[ensemble\(pcot,ke\)\] as a function call; join the "
                                     r"members of a pooler ensemble with '\+': poolers=\[pcot\+ke\]"),
 ])

@@ -266,7 +266,7 @@ def prepare(command: str, work: Path, quickstart_run: Path, environment: dict) -
     export = work / "exports" / "minilm-promptbert"
     if "name_or_path=exports/minilm-promptbert" in command and not export.exists():
         prepare("logs/quickstart", work, quickstart_run, environment)
-        proc = run_shell(f"python export.py ckpt=logs/quickstart out={export}", work, environment)
+        proc = run_shell(f"python export.py ckpt_path=logs/quickstart output_dir={export}", work, environment)
         assert proc.returncode == 0, proc.stderr[-3000:]
     (work / "sentences.txt").write_text("a man is playing a guitar .\ntwo dogs run in a field\n")
 

@@ -11,8 +11,9 @@ import shutil
 import pytest
 import torch
 
+from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules.checkpoint import LINEAGE_KEY
-from promptemb.training.lineage import checkpoint_lineage, lineage_changes
+from promptemb.training.lineage import check_lineage, lineage_changes
 from tests.helpers import assert_one_line_error, error_starting, save_tiny_bert
 from tests.run_faults import fast_overrides, snapshot, train_py
 
@@ -124,14 +125,8 @@ def test_lineage_changes_name_each_item_and_compare_content_not_names():
         "data.batch_size 64 -> 128"]
 
 
-def test_a_checkpoint_without_a_lineage_record_is_compared_on_what_it_holds():
-    """Checkpoints written before lineage was recorded: recipe, backbone name and templates from its header."""
-    old = {"promptemb_module": "lightning_modules.promptbert.PromptBERTUnsup", "state_dict": {},
-           "hyper_parameters": {"model_name_or_path": "bert-base-uncased", "templates": ["a [X] [MASK]", "b"]}}
-    assert checkpoint_lineage(old) == {"recipe": "promptemb.lightning_modules.promptbert.PromptBERTUnsup",
-                                       "backbone": "bert-base-uncased", "model.templates": ["a [X] [MASK]", "b"]}
-    now = {"recipe": "promptemb.lightning_modules.optiprompt.OptiPrompt", "backbone": "bert-base-uncased",
-           "backbone_weights_sha256": None, "model.templates": ["a [X] [MASK]", "b"], "data.batch_size": 8}
-    assert lineage_changes(checkpoint_lineage(old), now) == [
-        "recipe (model._target_) promptemb.lightning_modules.promptbert.PromptBERTUnsup -> "
-        "promptemb.lightning_modules.optiprompt.OptiPrompt"]
+def test_a_checkpoint_without_a_lineage_record_is_refused(tmp_path):
+    """A resume is checked against the lineage its checkpoint records; one that records none cannot be checked."""
+    with pytest.raises(ConfigError, match=r"records no lineage .* to check the resume against; pass a checkpoint "
+                                          r"written by train\.py"):
+        check_lineage(tmp_path / "old.ckpt", {"state_dict": {}, "hyper_parameters": {}}, {"recipe": "R"})
