@@ -1,5 +1,5 @@
-"""Export a trained checkpoint: `python export.py ckpt=PATH.ckpt out=DIR [pooler=avg] [score=true]` (installed:
-`promptemb-export ...`). The command line lives in exporting/command_line.py."""
+"""Export a trained checkpoint: `python export.py ckpt_path=PATH.ckpt output_dir=DIR [pooler=avg] [score=true]`
+(installed: `promptemb-export ...`). The command line lives in exporting/command_line.py."""
 
 from promptemb.exporting.command_line import main
 

@@ -59,15 +59,11 @@ def check_overrides(overrides: list[str]) -> None:
     """evaluate.py's refusals of the command's overrides that need no model or data (its command-line checks, then
     its settings' check of the composed config: unknown keys at any depth, types, values), in one line before the
     suite starts."""
-    from promptemb.common.cli import check_command_line
     from promptemb.common.errors import UserError
-    from promptemb.common.hydra_bridge import compose
-    from promptemb.common.validation import COMPOSITION
-    from promptemb.evaluation.settings import EvaluateSettings
+    from promptemb.inference.command_line import check_evaluate_command
 
     try:
-        check_command_line("evaluate", overrides)
-        EvaluateSettings.model_validate(compose("eval", overrides), context=COMPOSITION)
+        check_evaluate_command(overrides, composition_only=True)
     except UserError as err:
         sys.exit(f"error: {err}")
 

@@ -14,14 +14,9 @@ def check_overrides(overrides: list[str]) -> None:
     its command-line checks (misspelt keys, group options, experiments) and its settings' check of the composed
     config (unknown keys at any depth, types, values); the model and data files are left to the run, since a bench
     may write them first (`--random-bert`, `--distinct-lengths`)."""
-    from promptemb.common.cli import check_command_line
-    from promptemb.common.hydra_bridge import compose
-    from promptemb.common.validation import COMPOSITION
-    from promptemb.training.command_line import check_train_only_keys
-    from promptemb.training.settings import TrainSettings
+    from promptemb.training.command_line import check_train_command
 
-    check_command_line("train", overrides, check_train_only_keys)
-    TrainSettings.model_validate(compose("train", overrides), context=COMPOSITION)
+    check_train_command(overrides, composition_only=True)
 
 
 def bench_overrides(overrides: list[str], work: Path, max_steps: int) -> list[str]:

@@ -18,6 +18,7 @@ class RunContext:
     job_dir: Path | None = None  # that job's folder, and its sweep's
     sweep_dir: Path | None = None
     trial: int | None = None  # the number of an Optuna trial (its config composed in process)
+    composition_only: bool = False  # a check of a command line from Python: no machine or file system checks
 
     @property
     def in_sweep(self) -> bool:

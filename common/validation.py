@@ -47,6 +47,7 @@ DECLARED_HINTS: dict[Any, dict[str, Any]] = {}
 
 def declare_hints(owner, **hints) -> None:
     DECLARED_HINTS.setdefault(owner, {}).update(hints)
+    node_schema.cache_clear()  # a schema built before the declaration would not know it
 
 
 def parameter_hints(target) -> tuple[dict[str, Any], bool]:
@@ -273,8 +274,13 @@ def check_targets(node: Any) -> None:
 
 
 #: `model_validate(values, context=COMPOSITION)`: the composition alone (types, keys, what the values say about each
-#: other), without what only the machine and the file system can refute (a multirun's command line previews a job).
+#: other), without what only the machine and the file system can refute (a check of a command line from Python).
 COMPOSITION = "composition"
+
+
+def composition_only(context: Any) -> bool:
+    """Whether a settings check stops at the composition: `COMPOSITION`, or a `RunContext` that says so."""
+    return context == COMPOSITION or bool(getattr(context, "composition_only", False))
 
 
 class Settings(BaseModel):

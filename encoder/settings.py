@@ -10,11 +10,12 @@ import yaml
 from promptemb.common.errors import ConfigError
 from promptemb.common.validation import Settings, check_node, import_target
 from promptemb.configs import CONFIG_DIR
-from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import SentenceRule
 
 
 def check_backbone(container: dict) -> None:
+    from promptemb.encoder.model import Encoder  # torch and transformers: after the cheaper checks
+
     check_node("backbone.", container.get("backbone") or {}, Encoder, "Encoder (the backbone)")
 
 

@@ -19,18 +19,16 @@ from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import (
-    COMPOSITION,
     CommandSettings,
     OpenMap,
     check_device,
     check_readable_file,
     check_writable_dir,
+    composition_only,
 )
-from promptemb.encoder.loading import check_model_source
-from promptemb.encoder.model import InferenceOptions
+from promptemb.data.root import resolve_data_root
 from promptemb.encoder.settings import TemplateSettings, check_backbone, check_template
-from promptemb.evaluation.scoring_options import check_dims
-from promptemb.inference.model_sources import source_kind
+from promptemb.encoder.sources import source_kind
 
 
 @dataclass
@@ -49,6 +47,8 @@ class ScoringSettings:
     dims: Sequence[AtLeastOne] = ()  # Matryoshka widths: each pooler also scored on its first d components
 
     def __post_init__(self) -> None:
+        from promptemb.evaluation.scoring_options import check_dims
+
         check_dims(self.dims, width=0)  # integers >= 1, none twice; the model's width is checked once it loads
 
 
@@ -86,9 +86,12 @@ class ModelSettings(CommandSettings):
         return {"device": self.backbone["device"], "batch_size": self.backbone["batch_size"]}
 
     @property
-    def inference(self) -> InferenceOptions:
-        """The backbone's inference keys as the encoder takes them, for a pretrained and a trained model alike."""
-        return InferenceOptions(**{name: self.backbone[name] for name in INFERENCE_KEYS if name in self.backbone})
+    def inference(self):
+        """The backbone's inference keys as the encoder takes them (`InferenceOptions`), for a pretrained and a
+        trained model alike."""
+        from promptemb.encoder.model import InferenceOptions
+
+        return InferenceOptions(**{name: self.backbone[name] for name in inference_keys() if name in self.backbone})
 
     @model_validator(mode="before")
     @classmethod
@@ -101,8 +104,12 @@ class ModelSettings(CommandSettings):
         can be refuted before a model or a data file is loaded (one `ConfigError` line each): the device, the files
         read and written, the model's files, and the options a trained model would ignore (`info.context`: the
         command's `RunContext`, whose overrides say which keys were given)."""
-        check_evaluate_composition(self.resolved)
-        if info.context == COMPOSITION:
+        check_template(self.resolved, None)
+        if not composition_only(info.context):
+            self.check_data()
+        self.check_names()
+        check_backbone(self.resolved)
+        if composition_only(info.context):
             return self
         backbone = self.backbone
         check_device("backbone.device", str(backbone.get("device", "auto")))
@@ -110,6 +117,8 @@ class ModelSettings(CommandSettings):
             check_readable_file("task_registry", self.task_registry)
         self.check_outputs()
         if isinstance(name := backbone.get("name_or_path"), str):
+            from promptemb.encoder.loading import check_model_source
+
             check_model_source(name)
             if backbone.get("revision") and (name.startswith(("package:", "model:"))
                                              or Path(name).expanduser().exists()):
@@ -138,6 +147,17 @@ class EvaluateSettings(ModelSettings):
     def scoring(self) -> ScoringSettings:
         return ScoringSettings(**{name: getattr(self, name) for name in asdict(ScoringSettings())})
 
+    def check_data(self) -> None:
+        resolve_data_root(self.data_root)  # every task reads it
+
+    def check_names(self) -> None:
+        """The poolers and post-processors asked for are registered (the registries alone are imported)."""
+        from promptemb.poolers.registry import check_pooler_names
+        from promptemb.postprocessing.registry import check_post_names
+
+        check_pooler_names(self.poolers, self.pooler_args)
+        check_post_names(self.post, self.post_args)
+
     def check_outputs(self) -> None:
         check_writable_dir("output_dir", self.output_dir)
 
@@ -152,6 +172,14 @@ class EncodeSettings(ModelSettings):
     input: str | None
     output: str | None
 
+    def check_data(self) -> None:
+        """An encode run reads the data root only where its pooler is fitted on a named corpus (checked then)."""
+
+    def check_names(self) -> None:
+        from promptemb.poolers.registry import check_pooler_names
+
+        check_pooler_names([self.pooler], self.pooler_args)
+
     def check_outputs(self) -> None:
         if not (self.input and self.output):
             raise ConfigError("mode=encode needs input=FILE.txt and output=FILE.npy")
@@ -161,14 +189,11 @@ class EncodeSettings(ModelSettings):
         check_writable_dir("output", path.parent)
 
 
-#: The `backbone` keys that say how the encoder runs rather than what it is.
-INFERENCE_KEYS = [field.name for field in fields(InferenceOptions)]
+def inference_keys() -> list[str]:
+    """The `backbone` keys that say how the encoder runs rather than what it is."""
+    from promptemb.encoder.model import InferenceOptions
 
-
-def check_evaluate_composition(values: dict) -> None:
-    """What a resolved evaluate.py config must satisfy whatever the machine: the backbone, a single template."""
-    check_template(values, None)
-    check_backbone(values)
+    return [field.name for field in fields(InferenceOptions)]
 
 
 #: `backbone` keys a trained model takes from its own record: it is scored as it was trained or exported.

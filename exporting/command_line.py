@@ -1,28 +1,31 @@
-"""`export.py` / `promptemb-export`: export a trained checkpoint, `promptemb-export ckpt=PATH.ckpt out=DIR [pooler=avg]
-[score=true] [adapter=merge|keep]`, or a plain model with a template, `promptemb-export pretrained=NAME_OR_PATH out=DIR
-[template=prompteol | template.text=...] [layer=-1]`.
+"""`export.py` / `promptemb-export`: export a trained checkpoint, `promptemb-export ckpt_path=PATH output_dir=DIR
+[pooler=avg] [score=true] [adapter=merge|keep]`, or a plain model with a template, `promptemb-export
+pretrained=NAME_OR_PATH output_dir=DIR [template=prompteol | template.text=...] [layer=-1]`.
 
 DIR is both a Hugging Face model directory (AutoModel; template, pooler, layers and denoising in config.json's
-`promptemb` block) and a sentence-transformers model (`SentenceTransformer(DIR, trust_remote_code=True)`).
+`promptemb` block) and a sentence-transformers model. Composed once and checked once (common/cli.py).
 """
 
 import sys
 
-import hydra
-from omegaconf import DictConfig
-
-from promptemb.common.cli import check_command_line, overrides_of
-from promptemb.common.errors import ConfigError, exit_on_user_error
-from promptemb.common.hydra_bridge import plain
-from promptemb.configs import CONFIG_DIR
-from promptemb.exporting.runner import export_checkpoint, export_model
-from promptemb.exporting.settings import ExportSettings
+from promptemb.common.cli import check_command_line, run_command
+from promptemb.common.run_context import RunContext
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="export")
-@exit_on_user_error
-def export_task(cfg: DictConfig) -> None:
-    settings = ExportSettings.model_validate(plain(cfg))
+def checked(values: dict, context: RunContext):
+    from promptemb.exporting.settings import ExportSettings
+
+    return ExportSettings.model_validate(values, context=context)
+
+
+def check_export_command(argv: list[str], composition_only: bool = False):
+    """The settings `export.py ARGV` would export with, or its one-line refusal, without exporting."""
+    return check_command_line("export", argv, checked, composition_only)
+
+
+def run(settings, context: RunContext, _prepared=None) -> None:
+    from promptemb.exporting.runner import export_checkpoint, export_model
+
     common = {"overwrite": settings.overwrite, "score": settings.score, "score_tasks": settings.score_tasks,
               "data_root": settings.data_root}
     if settings.pretrained:
@@ -38,15 +41,5 @@ def export_task(cfg: DictConfig) -> None:
     print(f"exported to {out}")
 
 
-def check_score_keys(argv: list[str]) -> None:
-    """`score_tasks=` / `data_root=` only matter when the export is scored (`score=true`)."""
-    given = {key: value for _, key, value in overrides_of(argv)}
-    if given.get("score", "false").lower() != "true":
-        for key in ("score_tasks", "data_root"):
-            if key in given:
-                raise ConfigError(f"{key}= is read when the export is scored: add score=true, or drop it")
-
-
 def main() -> None:
-    exit_on_user_error(check_command_line)("export", sys.argv[1:], check_score_keys, settings=ExportSettings)
-    export_task()
+    run_command("export", sys.argv[1:], checked, run)

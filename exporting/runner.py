@@ -16,13 +16,14 @@ from promptemb.common.io import umask_mode
 from promptemb.common.optional import require
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
+from promptemb.encoder.sources import export_block, source_kind
 from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
 from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
-from promptemb.inference.model_sources import best_checkpoint, source_kind
-from promptemb.inference.prompt_encoder import PromptEncoder, export_block
+from promptemb.inference.model_sources import best_checkpoint
+from promptemb.inference.prompt_encoder import PromptEncoder
 from promptemb.lightning_modules.checkpoint import read_checkpoint
 from promptemb.lightning_modules.recipe import recipe_of_checkpoint
 

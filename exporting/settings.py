@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import model_validator
+from pydantic import ValidationInfo, model_validator
 
+from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.validation import CommandSettings
 from promptemb.encoder.settings import TemplateSettings
@@ -36,8 +37,13 @@ class ExportSettings(CommandSettings):
     template: TemplateSettings
 
     @model_validator(mode="after")
-    def check(self) -> ExportSettings:
+    def check(self, info: ValidationInfo) -> ExportSettings:
         template = self.template
+        given = {key for _, key, _ in map(split_override, getattr(info.context, "overrides", ()))}
+        if not self.score:  # read only when the export is scored
+            for key in ("score_tasks", "data_root"):
+                if key in given:
+                    raise ConfigError(f"{key}= is read when the export is scored: add score=true, or drop it")
         if self.ckpt_path and self.pretrained:
             raise ConfigError("pass ckpt_path=PATH (a trained checkpoint) or pretrained=NAME_OR_PATH (a plain model), "
                               "not both")

@@ -21,14 +21,13 @@ from promptemb.common.errors import ConfigError
 from promptemb.common.registry import qualified_name
 from promptemb.encoder.loading import resolve_device
 from promptemb.encoder.model import BATCH_SIZE, Encoder
+from promptemb.encoder.sources import CHECKPOINT_DIR, source_kind
 from promptemb.encoder.template import Template
-from promptemb.inference.prompt_encoder import PromptEncoder, export_block
+from promptemb.inference.prompt_encoder import PromptEncoder
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint, read_checkpoint
 from promptemb.poolers.base import Pooler
 
-CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
-RUN_STATUS = "status.json"  # what train.py writes into every run folder it keeps (training/trials.py)
 
 
 @dataclass
@@ -41,18 +40,6 @@ class TrainedModel:
     sentence_rule: str
     max_sentence_tokens: int | None
     source: dict = field(default_factory=dict)  # provenance: kind, path, checkpoint sha256 and step / export record
-
-
-def source_kind(name_or_path: str) -> str:
-    """`checkpoint`, `run`, `export` or `pretrained` (a plain Hugging Face model, loaded by `Encoder`)."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return "checkpoint"
-    if path.is_dir() and ((path / CHECKPOINT_DIR).is_dir() or (path / RUN_STATUS).is_file()):
-        return "run"  # a run that saved no checkpoint is still a run folder: one line, not a tokenizer traceback
-    if path.is_dir() and export_block(path) is not None:
-        return "export"
-    return "pretrained"
 
 
 def best_checkpoint(run_dir: Path) -> Path:

@@ -9,7 +9,6 @@ into the weights or kept as a peft adapter on the recorded base model.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from promptemb.data.checksums import sha256_file
 from promptemb.encoder.inputs import InputForm
 from promptemb.encoder.loading import resolve_device
 from promptemb.encoder.model import Encoder
+from promptemb.encoder.sources import export_block
 from promptemb.encoder.template import Template
 from promptemb.lightning_modules.checkpoint import LINEAGE_KEY, load_module_checkpoint, read_checkpoint
 from promptemb.lightning_modules.deep_prompt import DEEP_PROMPT_CONFIG, DEEP_PROMPT_FILE, DeepPrompt
@@ -491,20 +491,6 @@ def unit_rows(embeddings) -> torch.Tensor:
         embeddings = torch.stack([torch.as_tensor(row) for row in embeddings]) if embeddings else torch.zeros(0, 0)
     rows = torch.atleast_2d(torch.as_tensor(embeddings).detach().cpu().float())
     return torch.nn.functional.normalize(rows, p=2, dim=1)
-
-
-def export_block(directory: Path) -> dict | None:
-    """The `promptemb` block of `directory/config.json`; None without one (no config.json, or not written by
-    export.py). Invalid JSON is a DataError."""
-    config = directory / "config.json"
-    if not config.is_file():
-        return None
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DataError(f"{config} is not valid JSON ({err})") from None
-    record = data.get("promptemb") if isinstance(data, dict) else None
-    return record if isinstance(record, dict) else None
 
 
 def read_export_record(directory: Path) -> dict:

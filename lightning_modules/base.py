@@ -18,10 +18,9 @@ import torch
 from pytorch_lightning.utilities.enums import GradClipAlgorithmType
 from torch.optim.lr_scheduler import LRScheduler
 
-from promptemb.common.bounds import AtLeastOne, NonNegative, Positive, TokenLimit
+from promptemb.common.bounds import AtLeastOne, Positive, TokenLimit
 from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import ConfigError, DivergenceError
-from promptemb.common.validation import declare_hints
 from promptemb.data.pretokenized import SentenceTokenization
 from promptemb.encoder.folded_forward import bias_rows_needed, plan_bias_rows, training_forward
 from promptemb.encoder.forward import concat_batches, max_input_length, position_base, template_biases
@@ -43,7 +42,6 @@ from promptemb.poolers.mean import MeanPooler
 #: The optimiser and schedule when none is passed (configs/optimizer/adamw.yaml, configs/scheduler/linear.yaml).
 DEFAULT_OPTIMIZER = functools.partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0)
 DEFAULT_SCHEDULER = functools.partial(linear_warmup_decay, warmup_ratio=0.0)
-declare_hints(torch.optim.AdamW, lr=Positive, weight_decay=NonNegative)
 
 # `transfer_batch_to_device` is overridden on purpose (it keeps the loader's lengths in host memory too); Lightning
 # warns about any override of that hook when a datamodule is passed.

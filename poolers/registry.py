@@ -284,7 +284,9 @@ def argument_names(names: Sequence[str], pooler_args: Mapping[str, Any] | None =
     return known
 
 
-def build_poolers(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pooler]:
+def check_pooler_names(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Every name registered (or `NAME@LAYER`, `A+B`), none twice, and no `pooler_args` for a pooler not asked for;
+    one line each (the settings check calls it before anything loads)."""
     pooler_args = dict(pooler_args or {})
     if not names:
         raise ConfigError(f"no poolers given; {len(POOLERS)} poolers are listed in docs/reference.md")
@@ -296,4 +298,9 @@ def build_poolers(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]]
     if stray:
         raise ConfigError(f"pooler_args given for {', '.join(sorted(stray))}, which is not in poolers={list(names)}"
                           " (nor a member of an ensemble there)")
+
+
+def build_poolers(names: list[str], pooler_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pooler]:
+    check_pooler_names(names, pooler_args)
+    pooler_args = dict(pooler_args or {})
     return [build_pooler(name, member_args=pooler_args, **dict(pooler_args.get(name, {}))) for name in names]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.preprocessing import QuantileTransformer
 
 from promptemb.common.errors import ConfigError
 from promptemb.postprocessing.base import PostProcessor
@@ -24,9 +23,11 @@ class QuantileUniform(PostProcessor):
                               f"{', '.join(OUTPUT_DISTRIBUTIONS)}")
         self.n_quantiles = int(n_quantiles)
         self.output_distribution = output_distribution
-        self.model: QuantileTransformer | None = None
+        self.model = None
 
     def _fit(self, embeddings: np.ndarray) -> None:
+        from sklearn.preprocessing import QuantileTransformer  # scikit-learn only when something is fitted
+
         self.model = QuantileTransformer(n_quantiles=min(self.n_quantiles, len(embeddings)),
                                          output_distribution=self.output_distribution, subsample=None)
         self.model.fit(embeddings)

@@ -45,11 +45,19 @@ def build_post(name: str, **overrides: Any) -> PostProcessor:
     return build_named(POSTS, "post-processor", name, overrides)
 
 
-def build_posts(names: list[str], post_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[PostProcessor]:
+def check_post_names(names: list[str], post_args: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Every name registered, none twice, no `post_args` for a post-processor not asked for; one line each."""
     post_args = dict(post_args or {})
+    for name in names:
+        if name not in POSTS:
+            raise POSTS.unknown(name)
     if len(set(names)) != len(names):
         raise ConfigError(f"post-processor listed twice in {list(names)}")
     stray = set(post_args) - set(names)
     if stray:
         raise ConfigError(f"post_args given for {', '.join(sorted(stray))}, which is not in post={list(names)}")
-    return [build_post(name, **dict(post_args.get(name, {}))) for name in names]
+
+
+def build_posts(names: list[str], post_args: Mapping[str, Mapping[str, Any]] | None = None) -> list[PostProcessor]:
+    check_post_names(names, post_args)
+    return [build_post(name, **dict((post_args or {}).get(name, {}))) for name in names]

@@ -42,9 +42,10 @@ from promptemb.data.root import resolve_data_root
 from promptemb.data.training_corpora import HELD_OUT_TASKS, held_out_sentences
 from promptemb.encoder.loading import check_model_source
 from promptemb.encoder.model import Encoder
+from promptemb.encoder.sources import source_kind
 from promptemb.encoder.template import SENTENCE_RULES, Template
 from promptemb.evaluation.report import software_versions, utc_timestamp
-from promptemb.inference.model_sources import open_trained_model, source_kind
+from promptemb.inference.model_sources import open_trained_model
 from promptemb.poolers import build_pooler
 from promptemb.poolers.fitted import CorpusFittedPooler
 from promptemb.research.driver_outputs import announce

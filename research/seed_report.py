@@ -16,15 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 from pathlib import Path
 
-from promptemb.common.errors import ConfigError, DataError, exit_on_user_error
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from promptemb.common.errors import ConfigError, DataError, UserError, exit_on_user_error
 from promptemb.common.io import atomic_write_json, atomic_write_text
 from promptemb.evaluation.plots import TASK_ABBREVIATIONS
 from promptemb.evaluation.report import FAMILY_REPORT, software_versions, utc_timestamp
 from promptemb.research.plots import plot_seed_spread
 
+log = logging.getLogger(__name__)
 RESULTS_FILE = "results.json"
 CURVE_FILE = "curve.json"
 #: config keys that may differ between the seeds of one report: where the run writes, how it was started, and the
@@ -265,6 +270,32 @@ def summary_line(report: dict) -> str:
     family, block = next(iter(report["families"].items()))
     parts = [f"{row} avg {cell(cells['avg'])}" for row, cells in block["scores"].items() if "avg" in cells]
     return f"{len(report['seeds'])} seeds {report['seeds']}, {family}: " + "; ".join(parts)
+
+
+class SeedReportCallback(Callback):
+    """Hydra callback (configs/train.yaml `hydra.callbacks`, before the sweep's table): a `train.py -m` sweep over
+    `seed` alone writes this report into its sweep folder, over its completed trials (a failed seed is left out and
+    the report says how many seeds it has)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from promptemb.common.overrides import parse_overrides
+        from promptemb.training.trials import COMPLETED, sweep_rows
+
+        try:
+            swept = sorted(o.get_key_element().lstrip("+~") for o in parse_overrides(list(config.hydra.overrides.task))
+                           if o.is_sweep_override())
+        except Exception:  # a syntax error: Hydra has reported it already
+            return
+        sweep_dir = Path(config.hydra.sweep.dir)
+        runs = [row["run_dir"] for row in sweep_rows(sweep_dir) if row["status"] == COMPLETED and row.get("run_dir")]
+        if swept != ["seed"] or not runs:
+            return
+        try:
+            report, written = seed_report(runs, sweep_dir)
+        except UserError as err:
+            log.error("no seed report: %s", str(err).splitlines()[0])
+            return
+        print(f"seed report: {summary_line(report)}\nwrote {', '.join(map(str, written))}", flush=True)
 
 
 @exit_on_user_error

@@ -30,12 +30,13 @@ from promptemb.common.io import atomic_write_json, atomic_write_text
 from promptemb.common.output_dirs import fresh_output_dir
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
+from promptemb.encoder.sources import source_kind
 from promptemb.evaluation.report import software_versions
 from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import SentenceIndex, cosine_rows, evaluate_sts, load_and_index, spearman_x100
 from promptemb.exporting.runner import export_checkpoint
 from promptemb.inference import load_encoder
-from promptemb.inference.model_sources import best_checkpoint, source_kind
+from promptemb.inference.model_sources import best_checkpoint
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 
 

@@ -22,16 +22,9 @@ from promptemb.common.io import atomic_write_json
 from promptemb.common.optional import require
 from promptemb.common.run_context import RunContext
 from promptemb.common.run_folder import nothing_left_on_user_error
+from promptemb.training.run_folder import Outcome, RunInterruptedError, outcome
 from promptemb.training.settings import OptunaSearch, TrainSettings
-from promptemb.training.trials import (
-    COMPLETED,
-    INTERRUPTED,
-    RunInterruptedError,
-    TrialOutcome,
-    exit_if_failed,
-    summarise,
-    trial,
-)
+from promptemb.training.trials import COMPLETED, INTERRUPTED, exit_if_failed, summarise
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +137,11 @@ def run_study(settings: TrainSettings, context: RunContext, train_trial: TrainTr
     return best.value if best else None
 
 
-def run_study_trial(train_trial: TrainTrial, trial_dir: Path, context: RunContext, params: dict) -> TrialOutcome:
+def run_study_trial(train_trial: TrainTrial, trial_dir: Path, context: RunContext, params: dict) -> Outcome:
     """One trial of the study, recorded in `trial_dir` (a failure is a failed trial, not a failed study)."""
-    with trial(trial_dir, context, params) as outcome:
-        outcome.objective = train_trial(list(context.overrides), context)
-    return outcome
+    with outcome(trial_dir, context, params) as result:
+        result.objective = train_trial(list(context.overrides), context)
+    return result
 
 
 def write_study(study, search: OptunaSearch, study_dir: Path, rows: list[dict], optuna):

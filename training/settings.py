@@ -14,27 +14,24 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from promptemb.callbacks.sts_evaluation import EvaluationPlan, dev_metric
-from promptemb.common.bounds import AtLeastOne, Seed
-from promptemb.common.device_profile import check_clipping
+from promptemb.common.bounds import AtLeastOne, NonNegative, Positive, Seed
+from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import (
-    COMPOSITION,
     CommandSettings,
     Settings,
-    check_accelerator,
+    check_node,
     check_node_maps,
     check_targets,
     check_writable_dir,
+    composition_only,
+    declare_hints,
+    target_nodes,
     target_of,
 )
 from promptemb.data.root import resolve_data_root
-from promptemb.encoder.loading import check_model_source
-from promptemb.encoder.settings import TemplateSettings, check_backbone, check_template
-from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
-from promptemb.lightning_modules.recipe import require_registered
-from promptemb.training.trainer import check_compile
+from promptemb.encoder.settings import TemplateSettings
 
 
 class Extras(Settings):
@@ -113,19 +110,33 @@ class TrainSettings(CommandSettings):
 
     @model_validator(mode="after")
     def check(self, info: ValidationInfo) -> TrainSettings:
-        """After pydantic's types and keys: what the values say about each other (`check_train_composition`), then
-        everything that can be refuted before a model or a corpus is loaded (one `ConfigError` line each)."""
+        """After pydantic's types and keys, the cheapest refutations first, so that a typical mistake is answered
+        before the training stack is imported: what the command line asks for that training would not read, the
+        optimiser and schedule against their hints, the data root; then what the values say about each other
+        (`check_train_composition`: every `_target_` node, the recipe's template and registration), then the
+        machine, the model files and the training data files (one `ConfigError` line each)."""
+        check_train_only_keys(getattr(info.context, "overrides", ()))
+        declare_optimizer_hints()
+        for prefix, values, target in target_nodes({"optimizer": self.optimizer, "scheduler": self.scheduler}):
+            if callable(target):
+                check_node(prefix, values, target)
+        if not composition_only(info.context):
+            resolve_data_root(self.data_root)
         check_train_composition(self.resolved)
-        if info.context == COMPOSITION:
+        if composition_only(info.context):
             return self
+        from promptemb.common.device_profile import check_clipping
+        from promptemb.common.validation import check_accelerator
+        from promptemb.encoder.loading import check_model_source
+        from promptemb.lightning_modules.grad_cache import check_grad_cache_precision
+        from promptemb.training.trainer import check_compile
+
         trainer, model = self.trainer, self.model
         check_accelerator("trainer.accelerator", trainer.get("accelerator"), trainer.get("devices"))
         check_compile(bool(trainer.get("compile")), trainer.get("accelerator"))
         check_grad_cache_precision(trainer.get("precision"), model.get("grad_cache_chunk_size"))
         check_clipping(trainer.get("precision"), trainer.get("gradient_clip_val"), self.optimizer)
         recipe = target_of(model)
-        if recipe is not None:
-            require_registered(recipe)
         if hasattr(recipe, "check_config"):
             recipe.check_config(model)
         if trainer.get("compile") and hasattr(recipe, "check_compile"):
@@ -139,13 +150,25 @@ class TrainSettings(CommandSettings):
         return self
 
 
+def declare_optimizer_hints() -> None:
+    """torch's AdamW (configs/optimizer/) takes any float; a run needs a positive rate and a non-negative decay."""
+    import torch
+
+    declare_hints(torch.optim.AdamW, lr=Positive, weight_decay=NonNegative)
+
+
 def check_train_composition(values: dict) -> None:
     """What a resolved train.py config must satisfy whatever the machine: every `_target_` node against its
-    constructor, and a template the recipe can train with."""
-    check_template(values, (values.get("model") or {}).get("_target_"))
-    check_selection_metric(values.get("callbacks") or {})
+    constructor, a registered recipe (its checkpoints must load) and a template it can train with."""
+    from promptemb.encoder.settings import check_backbone, check_template
+    from promptemb.lightning_modules.recipe import require_registered
+
     check_node_maps(values, "callbacks", "logger")
     check_targets(values)
+    if (recipe := target_of(values.get("model") or {})) is not None:
+        require_registered(recipe)
+    check_template(values, (values.get("model") or {}).get("_target_"))
+    check_selection_metric(values.get("callbacks") or {})
     check_backbone(values)
     for node in (values.get("callbacks") or {}).values():  # a callback's own check (the STS callback's scoring keys)
         owner = getattr(target := target_of(node or {}), "__self__", target)
@@ -153,9 +176,45 @@ def check_train_composition(values: dict) -> None:
             owner.check_config(node)
 
 
+#: Keys of train.py's config that nothing reads, and why.
+UNREAD_KEYS = {
+    "trainer.limit_val_batches": "there is no validation loop (the STS callback scores the dev set every "
+                                 "eval_every_n_steps); drop it",
+    "trainer.num_sanity_val_steps": "there is no validation loop; drop it",
+    "trainer.default_root_dir": "checkpoints and logs have their own folders under output_dir; set output_dir",
+    "logger.resume_step": "a resumed run sets it from its checkpoint; drop it",
+    "expected_scores": "`make reproduce` reads the pinned scores from the experiment's file "
+                       "(configs/experiment/NAME.yaml); edit them there",
+}
+#: What training reads in place of a backbone key evaluate.py reads.
+TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input's token limit)",
+                        "batch_size": "data.batch_size", "device": "trainer.accelerator / trainer.devices",
+                        "dtype": "trainer.precision (model.dtype: a decoder recipe's base weights)",
+                        "quantization": "model.quantization=4bit (QLoRA in the decoder recipe prompteol_sup)"}
+
+
+def check_train_only_keys(overrides) -> None:
+    """A command-line key that training would accept and not read: `backbone.*` keys other than the model's name
+    (evaluate.py's; training builds the model from `backbone.name_or_path` only) and the `UNREAD_KEYS`. One line
+    naming what does it instead."""
+    for _, key, _ in map(split_override, overrides or ()):
+        group, dot, leaf = key.partition(".")
+        unread = next((reason for name, reason in UNREAD_KEYS.items() if key == name or key.startswith(name + ".")),
+                      None)
+        if unread:
+            raise ConfigError(f"train.py does not read {key}: {unread}")
+        if group == "backbone" and dot and leaf != "name_or_path":
+            instead = TRAINING_EQUIVALENTS.get(leaf)
+            advice = f"set {instead} instead" if instead else "drop it (evaluate.py reads it, train.py does not)"
+            raise ConfigError(f"train.py does not read {key} (training takes only backbone.name_or_path from the "
+                              f"backbone); {advice}")
+
+
 def check_selection_metric(callbacks: dict) -> None:
     """Checkpoint selection monitors (and names its files by) a dev score the STS callback logs: another `dev_task`
     logs under another name, and Lightning would only warn while no best checkpoint is kept."""
+    from promptemb.callbacks.sts_evaluation import EvaluationPlan, dev_metric
+
     sts, selection = callbacks.get("sts_evaluation") or {}, callbacks.get("model_checkpoint") or {}
     logged = dev_metric(sts.get("dev_task", EvaluationPlan.dev_task), "")
     read = [selection.get("monitor"), *re.findall(r"\{(val/[^:}]+)", str(selection.get("filename", "")))]

@@ -11,9 +11,10 @@ from hydra import compose, initialize_config_dir
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.hydra_bridge import plain
-from promptemb.evaluation.runner import run
+from promptemb.encoder.sources import source_kind
 from promptemb.evaluation.settings import EncodeSettings, EvaluateSettings
-from promptemb.inference.model_sources import best_checkpoint, source_kind
+from promptemb.inference.model_sources import best_checkpoint
+from promptemb.inference.runner import run
 from promptemb.training.runner import train
 from tests.conftest import REPO
 from tests.evaluation.test_evaluate_cli import ENCODE_TOL, evaluate

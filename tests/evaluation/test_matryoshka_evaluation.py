@@ -94,8 +94,9 @@ def test_evaluate_cli_scores_widths_and_refuses_a_wider_one(mini_data, tiny_bert
 
 
 def test_dims_in_encode_mode_is_refused_as_a_key_of_the_score_command(tmp_path):
-    from promptemb.common.cli import check_command_line
+    from promptemb.inference.command_line import check_evaluate_command
 
     with pytest.raises(ConfigError, match=r"^'dims' is not a key of promptemb-encode's config"):
-        check_command_line("encode", ["mode=encode", "dims=[8]", f"output_dir={tmp_path / 'out'}"])
+        check_evaluate_command(["mode=encode", "dims=[8]", f"output_dir={tmp_path / 'out'}"], "encode",
+                               composition_only=True)
     assert not list(tmp_path.iterdir())

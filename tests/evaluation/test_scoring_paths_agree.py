@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from promptemb.callbacks.sts_evaluation import STSEvaluationCallback
 from promptemb.common.hydra_bridge import plain
 from promptemb.encoder.model import BATCH_SIZE
-from promptemb.evaluation.runner import Evaluation
 from promptemb.evaluation.settings import EvaluateSettings
+from promptemb.inference.runner import Evaluation
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from tests.conftest import REPO
 from tests.helpers import module_checkpoint

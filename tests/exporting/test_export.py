@@ -286,7 +286,8 @@ def test_supervised_checkpoint_records_its_recipe_and_holds_no_mlm_model(checkpo
     saved = torch.load(checkpoints["quickstart_sup"], weights_only=True)
     assert not [k for k in saved["state_dict"] if k.startswith("mlm_model.")]
     recipe = saved["promptemb_recipe"]
-    assert (recipe["name"], recipe["class"]) == ("promptbert_sup", "promptemb.lightning_modules.promptbert.PromptBERTSup")
+    assert (recipe["name"], recipe["class"]) == ("promptbert_sup",
+                                                 "promptemb.lightning_modules.promptbert.PromptBERTSup")
     assert recipe["arguments"]["model_name_or_path"] and "optimizer" not in recipe["arguments"]  # what rebuilds it
     assert {k.split(".")[0] for k in saved["state_dict"]} == {"transformer", "head"}
     assert load_module_checkpoint(checkpoints["quickstart_sup"]).recipe == "promptbert_sup"

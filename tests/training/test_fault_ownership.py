@@ -14,12 +14,12 @@ import sys
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from promptemb.common.errors import ConfigError, DataError
-from promptemb.inference.model_sources import best_checkpoint, source_kind
-from promptemb.training.run_lock import LOCK_FILE, check_run_folder, lock_holder, run_folder_lock
-from promptemb.training.trials import before_the_run, run_trial
+from promptemb.common.run_context import RunContext
+from promptemb.encoder.sources import source_kind
+from promptemb.inference.model_sources import best_checkpoint
+from promptemb.training.run_folder import LOCK_FILE, check_run_folder, folder_lock, lock_holder, outcome
 from tests.helpers import assert_one_line_error, error_starting
 from tests.run_faults import WIKI_SAMPLE, fast_overrides, snapshot, train_py
 
@@ -49,12 +49,12 @@ def test_overwrite_while_resuming_the_same_run_is_refused_and_deletes_nothing(fi
 
 def test_a_live_runs_lock_refuses_every_other_run_and_goes_with_it(tmp_path):
     folder = tmp_path / "run"
-    with run_folder_lock(folder):
+    with folder_lock(folder):
         holder = lock_holder(folder)
         assert holder == f"pid {os.getpid()} on {os.uname().nodename}"
         with pytest.raises(ConfigError, match=rf"output_dir {folder} is in use by a live run \(pid {os.getpid()} "):
             check_run_folder(folder, None, overwrite=True)  # not even overwrite=true takes a live run's folder
-        with pytest.raises(ConfigError, match="is in use by a live run"), run_folder_lock(folder):
+        with pytest.raises(ConfigError, match="is in use by a live run"), folder_lock(folder):
             pass
     assert not (folder / LOCK_FILE).exists() and lock_holder(folder) is None
 
@@ -66,7 +66,7 @@ def test_a_dead_processes_lock_is_stale_and_taken_over(tmp_path):
     (folder / LOCK_FILE).write_text(json.dumps({"pid": int(dead.stdout), "host": "gone"}) + "\n")
     assert lock_holder(folder) is None  # no process holds the flock: the kernel released it with the process
     check_run_folder(folder, None, overwrite=False)
-    with run_folder_lock(folder):
+    with folder_lock(folder):
         assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert not (folder / LOCK_FILE).exists()
 
@@ -75,7 +75,7 @@ def test_a_dead_processes_lock_is_stale_and_taken_over(tmp_path):
 def test_resume_into_a_folder_a_live_run_holds_is_refused_in_one_line(finished_run):
     out = finished_run["out"]
     before = snapshot(out)
-    with run_folder_lock(out):  # this test process plays the live run
+    with folder_lock(out):  # this test process plays the live run
         inside = snapshot(out)
         proc = train_py(*finished_run["overrides"], "trainer.max_steps=6",
                         f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}")
@@ -147,7 +147,7 @@ def test_the_failed_run_policy_keeps_only_runs_with_a_checkpoint(with_checkpoint
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "logs" / "run"
 
-    def fails_after_writing(cfg):
+    def fails_after_writing():
         for folder in (".hydra", "csv", *(["checkpoints"] if with_checkpoint else [])):
             (run / folder).mkdir(parents=True, exist_ok=True)
         for name in ("train.log", "curve.json", "curve.png", "results_transfer.png", LOCK_FILE,
@@ -155,8 +155,8 @@ def test_the_failed_run_policy_keeps_only_runs_with_a_checkpoint(with_checkpoint
             (run / name).write_bytes(b"x")
         raise DataError("training corpus x.txt is blank")
 
-    with pytest.raises(DataError, match="is blank"):
-        run_trial(OmegaConf.create({"output_dir": str(run)}), fails_after_writing, in_sweep=False, overrides=[])
+    with pytest.raises(DataError, match="is blank"), outcome(run, RunContext(), taken=True):
+        fails_after_writing()
     if with_checkpoint:
         status = json.loads((run / "status.json").read_text())
         assert status["status"] == "failed" and status["reason"] == "training corpus x.txt is blank"
@@ -171,10 +171,6 @@ def test_a_refusal_before_the_run_leaves_an_existing_folder_as_it_was(tmp_path):
     (run / "status.json").write_text('{"status": "completed"}\n')
     before = snapshot(run)
 
-    def refused(cfg):
-        with before_the_run():
-            raise ConfigError("cannot resume from it: it was trained with other settings: data.batch_size 4 -> 8")
-
-    with pytest.raises(ConfigError):
-        run_trial(OmegaConf.create({"output_dir": str(run)}), refused, in_sweep=False, overrides=[])
+    with pytest.raises(ConfigError), outcome(run, RunContext()):  # refused before the run took its folder
+        raise ConfigError("cannot resume from it: it was trained with other settings: data.batch_size 4 -> 8")
     assert snapshot(run) == before
