@@ -20,9 +20,9 @@ from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.version import framework_version
 from promptemb.data.checksums import sha256_file
 from promptemb.encoder.inputs import InputForm
-from promptemb.encoder.loading import resolve_device
+from promptemb.encoder.loading import SENTENCE_TRANSFORMERS_CONFIG, resolve_device, sentence_transformers_limit
 from promptemb.encoder.model import Encoder
-from promptemb.encoder.template import Template
+from promptemb.encoder.template import SENTENCE_SLOT, Template
 from promptemb.lightning_modules.checkpoint import (
     ADAPTER_CLASSES,
     LINEAGE_KEY,
@@ -52,6 +52,8 @@ LLM2VEC_POOLER = "llm2vec"
 ADAPTER_MODES = ("merge", "keep")
 #: where a kept adapter's peft files go inside an export
 ADAPTER_DIR = "adapter"
+#: `from_pretrained(pooler="mean")`: sentence-transformers' mean pooling, `avg` over the template `[X]`
+PLAIN_MEAN = "mean"
 #: plain models: the template exported when none is given
 DEFAULT_TEMPLATES = {True: (PROMPTEOL, "prompteol"), False: ('This sentence : "[X]" means [MASK] .', "none")}
 HEAD_FILE = "promptemb_head.safetensors"
@@ -423,18 +425,35 @@ class PromptEncoder:
                         max_sentence_tokens: int | None = None, padding_side: str = "left",
                         batch_size: int = 64) -> PromptEncoder:
         """A plain (untrained by promptemb) encoder or decoder with a template: decoders pool the template's last
-        token (default template PromptEOL's, rule `prompteol`), encoders its [MASK] (default PromptBERT's)."""
-        encoder = Encoder(name_or_path, device="cpu", batch_size=batch_size, max_length=max_length,
+        token (default template PromptEOL's, rule `prompteol`), encoders its [MASK] (default PromptBERT's).
+        `pooler="mean"`: an encoder's mean pooling as sentence-transformers computes it, the average over
+        `[CLS] sentence [SEP]`, i.e. `avg` over the template `[X]` (recorded so). `max_length` None: the model's own
+        token limit as sentence-transformers sets it (`sentence_bert_config.json`, else the position table and the
+        tokenizer); `source["token_limit"]` records which."""
+        if pooler == PLAIN_MEAN and template is not None:
+            raise ConfigError(f"pooler=mean averages the sentence's own tokens, without a template; drop template= "
+                              f"(or use pooler=avg, the average over the templated input {template!r})")
+        own_limit = sentence_transformers_limit(name_or_path) if max_length is None else None
+        encoder = Encoder(name_or_path, device="cpu", batch_size=batch_size, max_length=max_length or own_limit,
                           padding_side=padding_side, progress=False)
+        if pooler == PLAIN_MEAN:
+            if encoder.is_decoder:
+                raise ConfigError(f"pooler=mean is an encoder's mean pooling; {name_or_path} is a decoder (causal LM), "
+                                  f"which pools its template's last token: use pooler={DECODER_POOLER}")
+            template, pooler = SENTENCE_SLOT, "avg"
         default_template, default_rule = DEFAULT_TEMPLATES[encoder.is_decoder]
         if template is None and sentence_rule is None:
             sentence_rule = default_rule
+        limit = ("the max_length argument" if max_length is not None
+                 else f"{SENTENCE_TRANSFORMERS_CONFIG} max_seq_length" if own_limit is not None
+                 else "the position table and the tokenizer's model_max_length")
         return cls(encoder.transformer.eval(), encoder.tokenizer, template=template or default_template,
                    sentence_rule=sentence_rule or "none", pooler=pooler or (DECODER_POOLER if encoder.is_decoder
                                                                            else "mask"),
-                   layer=layer, max_length=max_length, max_sentence_tokens=max_sentence_tokens,
+                   layer=layer, max_length=encoder.max_length, max_sentence_tokens=max_sentence_tokens,
                    batch_size=batch_size, padding_side=padding_side,
-                   source={"module": None, "base_model": name_or_path, "training_data": None})
+                   source={"module": None, "base_model": name_or_path, "training_data": None, "token_limit": limit,
+                           "newly_initialized": list(encoder.newly_initialized)})
 
     @classmethod
     def from_export(cls, directory: str | Path, *, pooler: str | None = None, batch_size: int = 64,
@@ -598,7 +617,8 @@ def read_export_record(directory: Path) -> dict:
         raise ConfigError(f"{directory} is not an export directory (no config.json); run export.py first")
     record = export_block(directory)
     if record is None:
-        raise ConfigError(f"{directory} has no promptemb block in config.json; it was not written by export.py")
+        raise ConfigError(f"{directory} has no promptemb block in config.json; it was not written by export.py (a "
+                          "plain model opens with PromptEncoder.from_pretrained(DIR, pooler=...))")
     if record.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{directory}: export format {record.get('format_version')} is not {FORMAT_VERSION}")
     return record
