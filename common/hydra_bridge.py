@@ -167,5 +167,5 @@ def running_context() -> RunContext:
 
 
 def register_resolver(name: str, resolver: Callable[..., Any]) -> None:
-    """`${name:...}` in the config tree calls `resolver` (training/run_dirs.py: `promptemb.run_dir`)."""
+    """`${name:...}` in the config tree calls `resolver` (training/run_folder.py: `promptemb.run_dir`)."""
     OmegaConf.register_new_resolver(name, resolver, replace=True)

@@ -15,6 +15,7 @@ EXTRAS = {
     "matplotlib": ("matplotlib", "plots"),
     "optuna": ("optuna", "sweeps"),
     "peft": ("peft", "decoders"),
+    "mteb": ("mteb", "mteb"),
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import typing
 from pathlib import Path
 from typing import Literal
@@ -16,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
 from promptemb.common.compilation import check_compile_works
-from promptemb.common.errors import ConfigError
+from promptemb.common.errors import ConfigError, DataError
 from promptemb.encoder.decoder import is_causal_lm
 from promptemb.encoder.model_store import MODEL_PREFIX, fetched_model_dir
 
@@ -89,6 +90,33 @@ def check_model_source(name_or_path: str) -> str:
                 raise ConfigError(f"model weights {weights} are truncated or corrupt ({reason}); download or save "
                                   "the model again") from None
     return path
+
+
+#: the file in which sentence-transformers keeps a model's own token limit (`max_seq_length`)
+SENTENCE_TRANSFORMERS_CONFIG = "sentence_bert_config.json"
+
+
+def sentence_transformers_limit(name_or_path: str, revision: str | None = None) -> int | None:
+    """The token limit sentence-transformers gives the model: `max_seq_length` of the `sentence_bert_config.json`
+    beside its weights (local folder, `package:`, `model:` or a hub name in the local cache), None when it has none
+    (sentence-transformers then cuts at the position table and the tokenizer's `model_max_length`, as `Encoder`
+    does). A file that does not say a positive integer is one line."""
+    from transformers.utils import cached_file
+
+    path = resolve_model_path(name_or_path)
+    found = cached_file(path, SENTENCE_TRANSFORMERS_CONFIG, revision=revision,
+                        _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False,
+                        _raise_exceptions_for_gated_repo=False)
+    if found is None:
+        return None
+    try:
+        value = json.loads(Path(found).read_text(encoding="utf-8")).get("max_seq_length")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise DataError(f"{found} is not a JSON object ({type(err).__name__}); save the model again with "
+                        "sentence-transformers") from None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise DataError(f"{found}: max_seq_length is {value!r}, not a positive integer; fix the file")
+    return value
 
 
 def check_backbone_compile(path: str, revision: str | None, device: str) -> None:

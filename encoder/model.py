@@ -282,6 +282,9 @@ class Encoder:
                     attentions=attentions, mlm_head=head, progress=progress, padding_side=padding_side,
                     autocast=autocast)
         self.model = (model if device_map is not None or quantization else model.to(self.device)).eval()
+        #: weights the checkpoint lacks, initialised at random by `from_pretrained` (e.g. BERT's pooler layer), by
+        #: their name in `self.model`'s state dict: they differ at every load and no pooler reads them
+        self.newly_initialized = tuple(sorted(loading["missing_keys"]))
         self.use_inference_options(options)
 
     @classmethod
@@ -345,6 +348,7 @@ class Encoder:
         #: linears replaced by oneDNN's packed ones (0 = none): recorded with every score
         self.onednn_linears = 0
         self.compiled = False
+        self.newly_initialized: tuple[str, ...] = ()
 
     def use_inference_options(self, options: InferenceOptions) -> None:
         """How this frozen encoder runs its forwards (see `__init__`); evaluate.py sets the same options on a trained

@@ -19,10 +19,10 @@ from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.version import framework_version
 from promptemb.data.checksums import sha256_file
 from promptemb.encoder.inputs import InputForm
-from promptemb.encoder.loading import resolve_device
+from promptemb.encoder.loading import SENTENCE_TRANSFORMERS_CONFIG, resolve_device, sentence_transformers_limit
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.sources import export_block
-from promptemb.encoder.template import Template
+from promptemb.encoder.template import SENTENCE_SLOT, Template
 from promptemb.lightning_modules.checkpoint import LINEAGE_KEY, load_module_checkpoint, read_checkpoint
 from promptemb.lightning_modules.deep_prompt import DEEP_PROMPT_CONFIG, DEEP_PROMPT_FILE, DeepPrompt
 from promptemb.lightning_modules.heads import MLMTransformHead, MLPHead
@@ -42,8 +42,8 @@ POOLERS = ("mask", "avg", "last_token", "cls", "llm2vec")
 DECODER_POOLER = "last_token"
 #: what a decoder trained by an LLM2Vec recipe exports: its LLM2Vec pooling of the bidirectional model
 LLM2VEC_POOLER = "llm2vec"
-#: the plain sentence: a model exported or loaded without a template
-PLAIN_TEMPLATE = "[X]"
+#: `from_pretrained(pooler="mean")`: sentence-transformers' mean pooling, `avg` over the plain sentence `[X]`
+PLAIN_MEAN = "mean"
 HEAD_FILE = "promptemb_head.safetensors"
 SOFT_TEMPLATE_FILE = "promptemb_soft_template.safetensors"
 #: Files of an export that hold weights; each one's sha256 is recorded in the `promptemb` block at export.
@@ -355,15 +355,32 @@ class PromptEncoder:
                         max_sentence_tokens: int | None = None, padding_side: str = "left",
                         batch_size: int = 64) -> PromptEncoder:
         """A plain (untrained by promptemb) encoder or decoder with a template (None: the plain sentence, `[X]`):
-        decoders pool the last token, encoders the template's [MASK] when it has one, else the mean (`avg`)."""
-        encoder = Encoder(name_or_path, device="cpu", batch_size=batch_size, max_length=max_length,
+        decoders pool the last token, encoders the template's [MASK] when it has one, else the mean (`avg`).
+        `pooler="mean"`: an encoder's mean pooling as sentence-transformers computes it, the average over
+        `[CLS] sentence [SEP]`, i.e. `avg` over the template `[X]` (recorded so). `max_length` None: the model's own
+        token limit as sentence-transformers sets it (`sentence_bert_config.json`, else the position table and the
+        tokenizer); `source["token_limit"]` records which."""
+        if pooler == PLAIN_MEAN and template not in (None, SENTENCE_SLOT):
+            raise ConfigError(f"pooler=mean averages the sentence's own tokens, without a template; drop template= "
+                              f"(or use pooler=avg, the average over the templated input {template!r})")
+        own_limit = sentence_transformers_limit(name_or_path) if max_length is None else None
+        encoder = Encoder(name_or_path, device="cpu", batch_size=batch_size, max_length=max_length or own_limit,
                           padding_side=padding_side, progress=False)
-        template = template or PLAIN_TEMPLATE
+        template = template or SENTENCE_SLOT
+        if pooler == PLAIN_MEAN:
+            if encoder.is_decoder:
+                raise ConfigError(f"pooler=mean is an encoder's mean pooling; {name_or_path} is a decoder (causal LM), "
+                                  f"which pools the last token: use pooler={DECODER_POOLER}")
+            pooler = "avg"
         default = DECODER_POOLER if encoder.is_decoder else "mask" if "[MASK]" in template else "avg"
+        limit = ("the max_length argument" if max_length is not None
+                 else f"{SENTENCE_TRANSFORMERS_CONFIG} max_seq_length" if own_limit is not None
+                 else "the position table and the tokenizer's model_max_length")
         return cls(encoder.transformer.eval(), encoder.tokenizer, template=template, sentence_rule=sentence_rule,
-                   pooler=pooler or default, layer=layer, max_length=max_length,
+                   pooler=pooler or default, layer=layer, max_length=encoder.max_length,
                    max_sentence_tokens=max_sentence_tokens, batch_size=batch_size, padding_side=padding_side,
-                   source={"module": None, "base_model": name_or_path, "training_data": None})
+                   source={"module": None, "base_model": name_or_path, "training_data": None, "token_limit": limit,
+                           "newly_initialized": list(encoder.newly_initialized)})
 
     @classmethod
     def from_export(cls, directory: str | Path, *, pooler: str | None = None, batch_size: int = 64,
@@ -498,7 +515,8 @@ def read_export_record(directory: Path) -> dict:
         raise ConfigError(f"{directory} is not an export directory (no config.json); run export.py first")
     record = export_block(directory)
     if record is None:
-        raise ConfigError(f"{directory} has no promptemb block in config.json; it was not written by export.py")
+        raise ConfigError(f"{directory} has no promptemb block in config.json; it was not written by export.py (a "
+                          "plain model opens with PromptEncoder.from_pretrained(DIR, pooler=...))")
     if record.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{directory}: export format {record.get('format_version')} is not {FORMAT_VERSION}")
     return record

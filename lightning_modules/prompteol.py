@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -54,11 +54,14 @@ ADAPTER_DIR = "adapter"
 SELECTION_POOLER_NAME = "mask"
 
 
-def weights_sha256(model: torch.nn.Module) -> str:
+def weights_sha256(model: torch.nn.Module, skip: Collection[str] = ()) -> str:
     """sha256 over every parameter and buffer of `model` as loaded (name, dtype, shape, bytes, in name order): the
-    identity of the weights an adapter was trained on, whatever files or hub name they came from."""
+    identity of the weights an adapter was trained on, whatever files or hub name they came from. `skip`: names
+    left out (weights initialised at random when the model loaded)."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
+        if name in skip:
+            continue
         data = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}\n".encode())
         digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")

@@ -132,7 +132,8 @@ def test_installed_package_is_self_contained(installed, tmp_path):
     assert module_file.startswith(site) and config_dir.startswith(site), "imported the checkout, not the install"
     assert (Path(config_dir) / "train.yaml").is_file() and (Path(config_dir) / "experiment").is_dir()
     assert version == "0.1.0"
-    for script in ("promptemb-train", "promptemb-evaluate", "promptemb-export", "promptemb-encode", "promptemb-models"):
+    for script in ("promptemb-train", "promptemb-evaluate", "promptemb-export", "promptemb-encode", "promptemb-models",
+                   "promptemb-mteb"):
         assert (installed / script).is_file()
 
 
