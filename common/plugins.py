@@ -32,7 +32,9 @@ def import_modules(names: Sequence[str] | None, key: str = "imports") -> None:
         sys.path.append(os.getcwd())
     for name in names:
         if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
-            raise ConfigError(f"{key}=[{name}]: a module name such as my_recipes or my_package.poolers (not a path)")
+            raise ConfigError(f"{key} {name}: a module name such as my_recipes or my_package.poolers (not a path)"
+                              if key.startswith("--") else
+                              f"{key}=[{name}]: a module name such as my_recipes or my_package.poolers (not a path)")
         try:
             importlib.import_module(name)
         except ConfigError as err:  # a registration it makes is refused (a name taken by a built-in)

@@ -5,10 +5,12 @@ run)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
 import typing
+from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 
@@ -193,3 +195,17 @@ def find_mlm_head(model: torch.nn.Module, missing_keys, name_or_path: str) -> to
         if isinstance(head, torch.nn.Module):
             return head
     raise ConfigError(f"cannot find the MLM head of {type(model).__name__}; expected a `cls` or `lm_head` module")
+
+
+def weights_sha256(model: torch.nn.Module, skip: Collection[str] = ()) -> str:
+    """sha256 over every parameter and buffer of `model` as loaded (name, dtype, shape, bytes, in name order): the
+    identity of the weights an adapter was trained on, whatever files or hub name they came from. `skip`: names
+    left out (weights initialised at random when the model loaded)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        if name in skip:
+            continue
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}\n".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from promptemb.common.errors import ConfigError, DataError, exit_on_user_error
 from promptemb.common.optional import require
+from promptemb.common.plugins import import_modules
 from promptemb.data.mteb_tasks import LOCAL_TASKS, local_tasks
 from promptemb.encoder.loading import check_model_source, resolve_device
 from promptemb.encoder.sources import source_kind
@@ -43,6 +44,8 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-folder", help="MTEB's result cache (default MTEB's: $MTEB_CACHE or ~/.cache/mteb)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", help="cpu, cuda, ... (default: CUDA when present)")
+    parser.add_argument("--imports", nargs="+", default=[], metavar="MODULE",
+                        help="your own modules that register recipes or poolers (docs/extending.md)")
     return parser.parse_args(argv)
 
 
@@ -80,6 +83,7 @@ def check_cache(cache, wrapper: MTEBEncoder, tasks: list) -> None:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     args = arguments(argv)
+    import_modules(args.imports, key="--imports")
     tasks = local_tasks(args.tasks, args.data_root)
     mteb = require("mteb", "promptemb-mteb")
     wrapper = MTEBEncoder(open_model(args), batch_size=args.batch_size)

@@ -35,9 +35,8 @@ import numpy as np
 import torch
 
 from promptemb.common.optional import require
-from promptemb.encoder.loading import resolve_device
+from promptemb.encoder.loading import resolve_device, weights_sha256
 from promptemb.inference.prompt_encoder import PromptEncoder
-from promptemb.lightning_modules.prompteol import weights_sha256
 
 #: keys of `PromptEncoder.record()` that describe where the model came from, not what it computes
 PROVENANCE_KEYS = ("format_version", "framework_version", "source")

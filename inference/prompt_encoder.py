@@ -469,8 +469,7 @@ def load_kept_adapter(directory: Path, adapter: dict, base_model: str | None = N
     """The recorded base model (or `base_model`) with the export's peft adapter applied; a base whose weights
     differ from the sha256 recorded at training is refused in one line."""
     from promptemb.common.optional import require
-    from promptemb.encoder.loading import DTYPES, load_pretrained, quantization_kwargs
-    from promptemb.lightning_modules.prompteol import weights_sha256
+    from promptemb.encoder.loading import DTYPES, load_pretrained, quantization_kwargs, weights_sha256
 
     peft = require("peft", "an export that kept its LoRA adapter")
     name = base_model or adapter["base_model"]

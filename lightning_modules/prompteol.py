@@ -14,8 +14,7 @@ adapter is never applied to another model. Exports (merged, or the base name plu
 from __future__ import annotations
 
 import copy
-import hashlib
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -32,7 +31,14 @@ from promptemb.encoder.decoder import (
     run_decoder,
 )
 from promptemb.encoder.inputs import InputForm
-from promptemb.encoder.loading import DTYPES, DType, check_quantization, load_pretrained, quantization_kwargs
+from promptemb.encoder.loading import (
+    DTYPES,
+    DType,
+    check_quantization,
+    load_pretrained,
+    quantization_kwargs,
+    weights_sha256,
+)
 from promptemb.encoder.model import BATCH_SIZE, Encoder
 from promptemb.encoder.pooling import Needs
 from promptemb.encoder.template import SentenceRule, Template
@@ -52,20 +58,6 @@ ADAPTER_DIR = "adapter"
 #: the name the primary evaluation pooler is logged under: the metric checkpoint selection monitors
 #: (`val/stsb_dev/mask_best`) for every recipe; here it is the last token of the PromptEOL template
 SELECTION_POOLER_NAME = "mask"
-
-
-def weights_sha256(model: torch.nn.Module, skip: Collection[str] = ()) -> str:
-    """sha256 over every parameter and buffer of `model` as loaded (name, dtype, shape, bytes, in name order): the
-    identity of the weights an adapter was trained on, whatever files or hub name they came from. `skip`: names
-    left out (weights initialised at random when the model loaded)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        if name in skip:
-            continue
-        data = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}\n".encode())
-        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return digest.hexdigest()
 
 
 def is_adapter_key(key: str) -> bool:

@@ -163,12 +163,12 @@ def check_train_composition(values: dict) -> None:
     from promptemb.encoder.settings import check_backbone, check_template
     from promptemb.lightning_modules.recipe import require_registered
 
+    check_template(values, (values.get("model") or {}).get("_target_"))
+    check_selection_metric(values.get("callbacks") or {})
     check_node_maps(values, "callbacks", "logger")
     check_targets(values)
     if (recipe := target_of(values.get("model") or {})) is not None:
         require_registered(recipe)
-    check_template(values, (values.get("model") or {}).get("_target_"))
-    check_selection_metric(values.get("callbacks") or {})
     check_backbone(values)
     for node in (values.get("callbacks") or {}).values():  # a callback's own check (the STS callback's scoring keys)
         owner = getattr(target := target_of(node or {}), "__self__", target)

@@ -145,7 +145,7 @@ def test_a_key_no_config_has_is_refused_at_every_depth(entry, settings, override
                                            r"template\.text\?$")],
               "export": [("+template.txt=x", r"^template\.txt is not a key of a template option")]}
     name = {"train": "train.py", "eval": "evaluate.py", "encode": "promptemb-encode", "export": "export.py"}[entry]
-    near, meant = ("ckpts", "ckpt") if entry == "export" else ("seeed", "seed")
+    near, meant = ("ckpt_paths", "ckpt_path") if entry == "export" else ("seeed", "seed")
     cases = [(f"+{near}=3", rf"^{near} is not a key of {re.escape(name)}'s config; did you mean {meant}\?$"),
              ("+typo=1", rf"^typo is not a key of {re.escape(name)}'s config; valid: "), *nested.get(entry, [])]
     for override, pattern in cases:
@@ -204,7 +204,7 @@ def test_unquoted_template_gets_the_spelling_that_works(template):
 
 def test_entry_points_refuse_before_hydra_with_one_line(tmp_path):
     for script, arg, expected in (("train.py", "module.lr=1e-5", "error: 'module.lr' is not a key of train.py's "
-                                                                 "config; did you mean 'model.lr'?"),
+                                                                 "config; did you mean 'optimizer.lr'?"),
                                   ("evaluate.py", "prompt=promptbert_bert", "error: 'prompt' is not a key of "
                                                                             "evaluate.py's config")):
         proc = subprocess.run([sys.executable, str(REPO / script), arg], cwd=tmp_path, capture_output=True, text=True)

@@ -18,10 +18,11 @@ from omegaconf import OmegaConf
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.common.instantiate import build
+from promptemb.encoder.loading import weights_sha256
 from promptemb.exporting.runner import export_module
 from promptemb.inference.prompt_encoder import load_encoder
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
-from promptemb.lightning_modules.prompteol import ADAPTER_RECORD, PromptEOLSup, is_adapter_key, weights_sha256
+from promptemb.lightning_modules.prompteol import ADAPTER_RECORD, PromptEOLSup, is_adapter_key
 from tests.conftest import REPO
 from tests.decoder_helpers import SENTENCES, save_tiny_decoder
 from tests.helpers import assert_close_scaled, assert_tensors_close
