@@ -1,9 +1,10 @@
 """`export.py` / `promptemb-export`: export a trained checkpoint, `promptemb-export ckpt=PATH.ckpt out=DIR [pooler=avg]
-[score=true] [adapter=merge|keep]`, or a plain model with a template, `promptemb-export pretrained=NAME_OR_PATH out=DIR
-[template=prompteol | template.text=...] [layer=-1]`.
+[score=true] [adapter=merge|keep] [format=auto|native|custom]`, or a plain model with a template, `promptemb-export
+pretrained=NAME_OR_PATH out=DIR [template=prompteol | template.text=...] [layer=-1]`.
 
 DIR is both a Hugging Face model directory (AutoModel; template, pooler, layers and denoising in config.json's
-`promptemb` block) and a sentence-transformers model (`SentenceTransformer(DIR, trust_remote_code=True)`).
+`promptemb` block) and a sentence-transformers model: native modules (`SentenceTransformer(DIR)`) where they express
+the pooling, else the custom module (`SentenceTransformer(DIR, trust_remote_code=True)`).
 """
 
 import sys
@@ -24,7 +25,7 @@ from promptemb.exporting.settings import ExportSettings
 def export_task(cfg: DictConfig) -> None:
     settings = ExportSettings.model_validate(plain(cfg))
     common = {"overwrite": settings.overwrite, "score": settings.score, "score_tasks": settings.score_tasks,
-              "data_root": settings.data_root}
+              "data_root": settings.data_root, "format": settings.format}
     if settings.pretrained:
         text, rule = settings.template.text, settings.template.sentence_rule
         out = export_model(settings.pretrained, settings.out, template=text,
