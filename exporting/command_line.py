@@ -1,9 +1,11 @@
 """`export.py` / `promptemb-export`: export a trained checkpoint, `promptemb-export ckpt_path=PATH output_dir=DIR
-[pooler=avg] [score=true] [adapter=merge|keep]`, or a plain model with a template, `promptemb-export
-pretrained=NAME_OR_PATH output_dir=DIR [template=prompteol | template.text=...] [layer=-1]`.
+[pooler=avg] [score=true] [adapter=merge|keep] [format=auto|native|custom]`, or a plain model with a template,
+`promptemb-export pretrained=NAME_OR_PATH output_dir=DIR [template=prompteol | template.text=...] [layer=-1]`.
 
 DIR is both a Hugging Face model directory (AutoModel; template, pooler, layers and denoising in config.json's
-`promptemb` block) and a sentence-transformers model. Composed once and checked once (common/cli.py).
+`promptemb` block) and a sentence-transformers model: native modules (`SentenceTransformer(DIR)`) where they express
+the pooling, else the custom module (`SentenceTransformer(DIR, trust_remote_code=True)`). Composed once and checked
+once (common/cli.py).
 """
 
 import sys
@@ -27,7 +29,7 @@ def run(settings, context: RunContext, _prepared=None) -> None:
     from promptemb.exporting.runner import export_checkpoint, export_model
 
     common = {"overwrite": settings.overwrite, "score": settings.score, "score_tasks": settings.score_tasks,
-              "data_root": settings.data_root}
+              "data_root": settings.data_root, "format": settings.format}
     if settings.pretrained:
         out = export_model(settings.pretrained, settings.output_dir, template=settings.template.text,
                            sentence_rule=settings.template.sentence_rule, pooler=settings.pooler,

@@ -14,10 +14,12 @@ from safetensors.torch import save_file
 from promptemb.inference.prompt_encoder import PromptEncoder, weight_files_sha256
 
 
-def write_hf_directory(encoder: PromptEncoder, directory: Path) -> dict:
-    """Write into an existing empty `directory`; return the promptemb record written to config.json (with the
-    sha256 of every weight file, written last so that it covers them all)."""
-    record = encoder.record()
+def write_hf_directory(encoder: PromptEncoder, directory: Path, sentence_transformers: dict) -> dict:
+    """Write into an existing `directory` (empty, or holding the export's sentence-transformers files); return the
+    promptemb record written to config.json: the encoder's record, `sentence_transformers` (which layout the export
+    has and why: exporting/st_layout.py) and the sha256 of every weight file in `directory`, computed last so that
+    it covers them all (a native Dense module's weights included)."""
+    record = {**encoder.record(), "sentence_transformers": sentence_transformers}
     if encoder.adapter is not None:  # a peft model: its adapter files, and the base model's config
         encoder.transformer.save_pretrained(directory / encoder.adapter["dir"], safe_serialization=True)
         encoder.transformer.get_base_model().config.save_pretrained(directory)

@@ -31,8 +31,31 @@ def describe_pooler(record: dict) -> str:
     return text
 
 
+def sentence_transformers_use(record: dict) -> tuple[str, list[str], str]:
+    """(the card's line on the export's sentence-transformers layout and why, the loading snippet, the loading
+    arguments): native modules load without `trust_remote_code`, the custom module needs it."""
+    layout = record["sentence_transformers"]
+    if layout["format"] == "custom":
+        line = ("* sentence-transformers: the custom module `promptemb_st_module.py` (trust_remote_code=True): "
+                f"{layout['reason']}")
+        use = ["# sentence-transformers >= 5.0 (the module subclasses its InputModule); no promptemb install needed",
+               "model = SentenceTransformer(DIR, trust_remote_code=True)  # runs promptemb_st_module.py from DIR"]
+        return line, use, ", trust_remote_code=True"
+    prompt = layout["prompt"]
+    line = (f"* sentence-transformers: native modules (Transformer + Pooling('{layout['pooling_mode']}'), "
+            f"max_seq_length {layout['max_seq_length']}"
+            + (f", prompt {prompt!r}" if prompt else "")
+            + f"), no custom code: {layout['reason']}")
+    use = ["model = SentenceTransformer(DIR)  # standard modules: no trust_remote_code"]
+    if prompt:
+        use.append(f"# the template's prefix is the model's prompt ({prompt!r}): encode, encode_query and "
+                   "encode_document all prepend it")
+    return line, use, ""
+
+
 def model_card(record: dict, scores: dict | None, score_source: str | None) -> str:
     source = record["source"]
+    st_line, st_use, st_arguments = sentence_transformers_use(record)
     soft = "no"
     if record["soft_template"]:
         soft = f"yes, {record['soft_template']['size']} trained vectors written into the input embeddings"
@@ -77,9 +100,10 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
            f"whose weights must hash to sha256 `{adapter['base_weights_sha256']}`; needs `pip install peft`"]
           if adapter else []),
         f"* max length {record['max_length']} tokens, sentence truncated to {record['max_sentence_tokens']} tokens",
+        st_line,
         *([f"* Matryoshka training: widths {source['matryoshka']['dims']} (weights "
            f"{source['matryoshka']['weights']}): the first d components are an embedding of their own, e.g. "
-           f"`SentenceTransformer(DIR, trust_remote_code=True, truncate_dim={source['matryoshka']['dims'][-1]})`"]
+           f"`SentenceTransformer(DIR{st_arguments}, truncate_dim={source['matryoshka']['dims'][-1]})`"]
           if source.get("matryoshka") else []),
         *([f"* hard negatives mined by `{mined[0]['encoder']['name_or_path']}` "
            f"({mined[0]['encoder']['pooler']} pooling; settings and source checksums in config.json's "
@@ -94,8 +118,7 @@ def model_card(record: dict, scores: dict | None, score_source: str | None) -> s
         "",
         "```python",
         "from sentence_transformers import SentenceTransformer",
-        "# sentence-transformers >= 5.0 (the module subclasses its InputModule); no promptemb install needed",
-        "model = SentenceTransformer(DIR, trust_remote_code=True)   # runs promptemb_st_module.py from this directory",
+        *st_use,
         "embeddings = model.encode([\"A man is playing a guitar.\"])",
         "```",
         "",

@@ -1,7 +1,9 @@
 """What export.py runs: checkpoint (or a plain model with a template) -> one directory that is a Hugging Face model
 dir and a sentence-transformers model, written to a temporary directory beside `out` and renamed into place at the
 end (never half-written). Encoders pool [MASK] or avg, decoders (causal LMs) their template's last token; a LoRA
-checkpoint is merged into full weights (`adapter=merge`) or kept as a peft adapter on its base (`adapter=keep`)."""
+checkpoint is merged into full weights (`adapter=merge`) or kept as a peft adapter on its base (`adapter=keep`). The
+sentence-transformers files are native modules where they can express the pooling, else the custom module
+(`format=`, exporting/st_layout.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from promptemb.evaluation.sts import evaluate_sts
 from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.model_card import model_card
 from promptemb.exporting.st_export import write_sentence_transformers_files
+from promptemb.exporting.st_layout import ExportFormat, STLayout, choose_layout
 from promptemb.inference.model_sources import best_checkpoint
 from promptemb.inference.prompt_encoder import PromptEncoder
 from promptemb.lightning_modules.checkpoint import read_checkpoint
@@ -89,10 +92,11 @@ def export_checkpoint(
     data_root: str | None = None,
     base_model: str | None = None,
     adapter: str | None = None,
+    format: ExportFormat = "auto",
 ) -> Path:
     """Export `ckpt_path` (a checkpoint or a run folder: its best checkpoint) to `output_dir`; returns it. Nothing
     is written unless the whole export succeeds. `adapter` (the LoRA recipes' checkpoints): "merge" (None: the same,
-    full weights any tool loads) or "keep"."""
+    full weights any tool loads) or "keep". `format`: the sentence-transformers layout (exporting/st_layout.py)."""
     if not ckpt_path or not output_dir:
         raise ConfigError("export needs ckpt_path=PATH (a train.py checkpoint or run folder) and output_dir=DIR (the "
                           "export directory)")
@@ -106,11 +110,11 @@ def export_checkpoint(
                                             adapter=adapter)
     scores, score_source = run_scores(ckpt, encoder)
     return write_export(encoder, out, scores, score_source, score=score, score_tasks=score_tasks,
-                        data_root=data_root)
+                        data_root=data_root, format=format)
 
 
 def export_module(module, output_dir: str | Path, *, pooler: str | None = None, denoise: bool | None = None,
-                  adapter: str | None = None, overwrite: bool = False) -> Path:
+                  adapter: str | None = None, overwrite: bool = False, format: ExportFormat = "auto") -> Path:
     """Export a trained module from Python (what `export_checkpoint` does with the module it rebuilds): as its
     recipe says it encodes; a LoRA recipe's adapter merged into full weights unless `adapter="keep"`."""
     out = Path(output_dir)
@@ -118,7 +122,7 @@ def export_module(module, output_dir: str | Path, *, pooler: str | None = None, 
     if type(module).adapter_only and adapter is None:
         adapter = "merge"
     encoder = PromptEncoder.from_module(module, pooler=pooler, denoise=denoise, adapter=adapter)
-    return write_export(encoder, out, None, None, score=False, score_tasks=(), data_root=None)
+    return write_export(encoder, out, None, None, score=False, score_tasks=(), data_root=None, format=format)
 
 
 def export_model(
@@ -136,6 +140,7 @@ def export_model(
     score: bool = False,
     score_tasks: tuple[str, ...] | list[str] = ("STSBenchmark",),
     data_root: str | None = None,
+    format: ExportFormat = "auto",
 ) -> Path:
     """Export a plain model (hub name, local directory or `package:MODULE`, encoder or decoder) with a template (None:
     the plain sentence); a decoder pools the last token, an encoder the template's [MASK] or the mean (avg)."""
@@ -148,20 +153,23 @@ def export_model(
                                             layer=layer, max_length=max_length,
                                             max_sentence_tokens=max_sentence_tokens,
                                             padding_side=padding_side or "left")
-    return write_export(encoder, out, None, None, score=score, score_tasks=score_tasks, data_root=data_root)
+    return write_export(encoder, out, None, None, score=score, score_tasks=score_tasks, data_root=data_root,
+                        format=format)
 
 
 def write_export(encoder: PromptEncoder, out: Path, scores: dict | None, score_source: str | None, *, score: bool,
-                 score_tasks, data_root: str | None) -> Path:
-    """Score (when asked), then write the export to a temporary directory beside `out` and rename it into place."""
+                 score_tasks, data_root: str | None, format: ExportFormat = "auto") -> Path:
+    """Choose the sentence-transformers layout (a `format=native` the pooling cannot have is refused here, before
+    any scoring or writing), score (when asked), then write the export to a temporary directory beside `out` and
+    rename it into place."""
+    layout = choose_layout(encoder, format)
     if score:
         scores = score_encoder(encoder, list(score_tasks), data_root)
         score_source = f"export.py score=true with the exported pooler on {', '.join(score_tasks)}"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        record = write_hf_directory(encoder, tmp)
-        write_sentence_transformers_files(tmp)
+        record = write_model_files(encoder, tmp, layout)
         (tmp / "README.md").write_text(model_card(record, scores, score_source), encoding="utf-8")
         default_permissions(tmp)
         replace_directory(tmp, out)
@@ -169,6 +177,13 @@ def write_export(encoder: PromptEncoder, out: Path, scores: dict | None, score_s
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def write_model_files(encoder: PromptEncoder, directory: Path, layout: STLayout) -> dict:
+    """The sentence-transformers files, then the Hugging Face directory, whose record (returned) says which layout
+    it is and hashes every weight file, the native modules' included."""
+    write_sentence_transformers_files(directory, layout.native, encoder.encoder.hidden_size)
+    return write_hf_directory(encoder, directory, layout.record())
 
 
 def default_permissions(directory: Path) -> None:

@@ -11,6 +11,7 @@ from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.validation import CommandSettings
 from promptemb.encoder.settings import TemplateSettings
+from promptemb.exporting.st_layout import ExportFormat
 
 #: keys that describe how a plain `pretrained=` model is templated and pooled; a checkpoint carries its own
 PLAIN_MODEL_KEYS = ("layer", "max_length", "max_sentence_tokens", "padding_side")
@@ -34,6 +35,7 @@ class ExportSettings(CommandSettings):
     score_tasks: list[str]
     data_root: str | None
     base_model: str | None
+    format: ExportFormat
     template: TemplateSettings
 
     @model_validator(mode="after")

@@ -24,9 +24,8 @@ from promptemb.data.tasks import get_tasks
 from promptemb.encoder.template import Template
 from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import evaluate_sts
-from promptemb.exporting.hf_export import write_hf_directory
-from promptemb.exporting.runner import export_checkpoint
-from promptemb.exporting.st_export import write_sentence_transformers_files
+from promptemb.exporting.runner import export_checkpoint, write_model_files
+from promptemb.exporting.st_layout import choose_layout
 from promptemb.inference import PromptEncoder, load_encoder
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.lightning_modules.optiprompt import OptiPrompt
@@ -82,10 +81,9 @@ def framework_embeddings(module, sentences, pooler_index: int = 0) -> np.ndarray
     return encoder.embed(sentences, [pooler], module.eval_template, module.hparams.sentence_rule)[pooler.name]
 
 
-def export_encoder(encoder: PromptEncoder, directory: Path) -> Path:
+def export_encoder(encoder: PromptEncoder, directory: Path, format: str = "auto") -> Path:
     directory.mkdir()
-    write_hf_directory(encoder, directory)
-    write_sentence_transformers_files(directory)
+    write_model_files(encoder, directory, choose_layout(encoder, format))
     return directory
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from promptemb.common.errors import DataError
 from promptemb.data.checksums import sha256_file
-from promptemb.exporting.hf_export import write_hf_directory
 from promptemb.exporting.model_card import model_card
-from promptemb.exporting.st_export import write_sentence_transformers_files
+from promptemb.exporting.runner import write_model_files
+from promptemb.exporting.st_layout import choose_layout
 from promptemb.inference.prompt_encoder import PromptEncoder, load_encoder
 from promptemb.lightning_modules.promptbert import PromptBERTSup
 from tests.faults import listing, run_entry
@@ -29,8 +29,7 @@ def export_of(model_dir: Path, out: Path, head: bool = True) -> Path:
     encoder = PromptEncoder(module.transformer, module.tokenizer, template=module.eval_template.text,
                             head=module.head if head else None, max_length=module.max_length)
     out.mkdir(parents=True)
-    write_hf_directory(encoder, out)
-    write_sentence_transformers_files(out)
+    write_model_files(encoder, out, choose_layout(encoder))
     return out
 
 
