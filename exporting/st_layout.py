@@ -1,10 +1,10 @@
 """Which sentence-transformers layout an export gets (`format=auto|native|custom`), and why.
 
 Native (sentence-transformers' own modules, no `trust_remote_code`) when the exported pooling is one
-sentence-transformers computes: an encoder's `avg` (mean over every token, [CLS]/[SEP] included) or `cls` (no head) of
-the last layer, over the plain sentence (template `[X]`) or over a prefix + the sentence (`query: [X]`: the prefix is the
-sentence-transformers prompt), with no sentence rule, soft template or deep prompts. Everything else needs the custom
-module (exporting/st_module.py), for the reason `native_modules` names.
+sentence-transformers computes: an encoder's `avg` (mean over every token, [CLS]/[SEP] included) or `cls` (no head)
+of the last layer, over the plain sentence (template `[X]`) or over a prefix + the sentence (`query: [X]`: the prefix
+is the sentence-transformers prompt), with no sentence rule, soft template or deep prompts. Everything else needs the
+custom module (exporting/st_module.py), for the reason `native_modules` names.
 """
 
 from __future__ import annotations
