@@ -107,9 +107,14 @@ def elsewhere(cfg: dict, leaf: str) -> str | None:
 
 def closest_key(leaf: str, value: str, siblings: dict) -> str | None:
     """The closest name to `leaf`; among close ones, first one whose value has the override's shape (a list for
-    `[...]`), so `poolerz=[mask]` suggests `poolers`, not `pooler`."""
+    `[...]`, a map for `{...}`, else a single value), so `poolerz=[mask]` suggests `poolers`, not `pooler`; with none
+    of that shape, the closest."""
+    def shape(node) -> str:
+        return "list" if isinstance(node, list) else "map" if isinstance(node, dict) else "value"
+
+    wanted = "list" if value.startswith("[") else "map" if value.startswith("{") else "value"
     close = closest(leaf, [str(name) for name in siblings], 3)
-    shaped = [name for name in close if isinstance(siblings[name], list) == value.startswith("[")]
+    shaped = [name for name in close if shape(siblings[name]) == wanted]
     return next(iter(shaped or close), None)
 
 
@@ -208,15 +213,17 @@ def composition_errors(entry: str, overrides: list[str]) -> Iterator[None]:
 def run_command(entry: str, argv: list[str], check: Callable[[dict, RunContext], Any],
                 run: Callable[[Any, RunContext, Any], Any],
                 prepare: Callable[[Any, RunContext], contextlib.AbstractContextManager] | None = None,
-                sweep_job: Callable[[dict, RunContext], Any] | None = None) -> Any:
-    """`entry`'s command line: composed once, `check(values, context)` -> settings, `prepare(settings, context)`
-    entered (before Hydra's job: nothing of the job is written yet) and what it yields handed to
+                sweep_job: Callable[[dict, RunContext], Any] | None = None,
+                precheck: Callable[[list[str]], None] | None = None) -> Any:
+    """`entry`'s command line: `precheck(overrides)` (what the command refuses before composing, with a better
+    message than the composition's), then composed once, `check(values, context)` -> settings, `prepare(settings,
+    context)` entered (before Hydra's job: nothing of the job is written yet) and what it yields handed to
     `run(settings, context, prepared)` inside Hydra's job. Under -m each job runs `sweep_job(values, context)`
     (default: the same three steps). A UserError anywhere is one `error:` line (exit 2, or the error's own code)."""
-    return exit_on_user_error(_run_command)(entry, argv, check, run, prepare, sweep_job)
+    return exit_on_user_error(_run_command)(entry, argv, check, run, prepare, sweep_job, precheck)
 
 
-def _run_command(entry, argv, check, run, prepare, sweep_job) -> Any:
+def _run_command(entry, argv, check, run, prepare, sweep_job, precheck) -> Any:
     from promptemb.common import hydra_bridge
 
     def checked_run(values: dict, context: RunContext) -> Any:
@@ -230,6 +237,8 @@ def _run_command(entry, argv, check, run, prepare, sweep_job) -> Any:
         return hydra_bridge.hydra_main(config_name, checked_run)
     overrides = [arg for arg in argv if not arg.startswith("-")]
     check_override_syntax(overrides)
+    if precheck:
+        precheck(overrides)
     app = hydra_bridge.application(ENTRY_NAMES[entry].removesuffix(".py"))
     if flags:  # -m: the sweep, then each job composed by Hydra and checked in it
         check_sweep_keys(entry, app, overrides, check)
@@ -244,7 +253,7 @@ def _run_command(entry, argv, check, run, prepare, sweep_job) -> Any:
 
 
 def check_command_line(entry: str, argv: list[str], check: Callable[[dict, RunContext], Any],
-                       composition_only: bool = False) -> Any:
+                       composition_only: bool = False, precheck: Callable[[list[str]], None] | None = None) -> Any:
     """What `run_command` would run with, or its one-line refusal (a ConfigError), without running anything: the
     command line composed once and checked (under -m: every swept option, then the first job's values);
     `composition_only`: without what only the machine and the file system can refute."""
@@ -254,6 +263,8 @@ def check_command_line(entry: str, argv: list[str], check: Callable[[dict, RunCo
     multirun = any(arg in MULTIRUN_FLAGS for arg in argv)
     overrides = [arg for arg in argv if not arg.startswith("-")]
     check_override_syntax(overrides)
+    if precheck:
+        precheck(overrides)
     if multirun:
         check_sweep_options(entry, overrides)
         overrides = first_of_sweeps(overrides)

@@ -14,7 +14,9 @@ process is refused with the `imports=` that would register it; nothing is import
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,8 +97,17 @@ def recipe_record(module: torch.nn.Module) -> dict:
             "arguments": constructor_arguments(module)}
 
 
+def register_builtin_recipes() -> None:
+    """Import every module of this package, so that each built-in recipe is registered (a checkpoint read in a fresh
+    process names its recipe; the package's own modules are the only ones imported without `imports=`)."""
+    package = __name__.rpartition(".")[0]
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        importlib.import_module(f"{package}.{info.name}")
+
+
 def recipe_of_checkpoint(checkpoint: dict, path: Any) -> type:
     """The registered class that rebuilds a checkpoint; one line for a checkpoint of an unregistered recipe."""
+    register_builtin_recipes()
     record = checkpoint.get(RECORD_KEY)
     if not isinstance(record, dict) or "class" not in record:
         raise DataError(f"checkpoint {path} records no recipe; pass a .ckpt written by train.py")

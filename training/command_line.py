@@ -12,10 +12,44 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from promptemb.common.cli import check_command_line, group_options, run_command
+from promptemb.common.cli import check_command_line, group_options, run_command, split_override
+from promptemb.common.errors import ConfigError
 from promptemb.common.hydra_bridge import compose, compose_config, plain
 from promptemb.common.run_context import RunContext
 from promptemb.training import run_folder  # registers the `promptemb.run_dir` resolver before anything composes
+
+#: Keys of train.py's config that nothing reads, and why.
+UNREAD_KEYS = {
+    "trainer.limit_val_batches": "there is no validation loop (the STS callback scores the dev set every "
+                                 "eval_every_n_steps); drop it",
+    "trainer.num_sanity_val_steps": "there is no validation loop; drop it",
+    "trainer.default_root_dir": "checkpoints and logs have their own folders under output_dir; set output_dir",
+    "logger.resume_step": "a resumed run sets it from its checkpoint; drop it",
+    "expected_scores": "`make reproduce` reads the pinned scores from the experiment's file "
+                       "(configs/experiment/NAME.yaml); edit them there",
+}
+#: What training reads in place of a backbone key evaluate.py reads.
+TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input's token limit)",
+                        "batch_size": "data.batch_size", "device": "trainer.accelerator / trainer.devices",
+                        "dtype": "trainer.precision (model.dtype: a decoder recipe's base weights)",
+                        "quantization": "model.quantization=4bit (QLoRA in the decoder recipe prompteol_sup)"}
+
+
+def check_train_only_keys(overrides) -> None:
+    """A command-line key that training would accept and not read: `backbone.*` keys other than the model's name
+    (evaluate.py's; training builds the model from `backbone.name_or_path` only) and the `UNREAD_KEYS`. One line
+    naming what does it instead."""
+    for _, key, _ in map(split_override, overrides or ()):
+        group, dot, leaf = key.partition(".")
+        unread = next((reason for name, reason in UNREAD_KEYS.items() if key == name or key.startswith(name + ".")),
+                      None)
+        if unread:
+            raise ConfigError(f"train.py does not read {key}: {unread}")
+        if group == "backbone" and dot and leaf != "name_or_path":
+            instead = TRAINING_EQUIVALENTS.get(leaf)
+            advice = f"set {instead} instead" if instead else "drop it (evaluate.py reads it, train.py does not)"
+            raise ConfigError(f"train.py does not read {key} (training takes only backbone.name_or_path from the "
+                              f"backbone); {advice}")
 
 
 def checked(values, context: RunContext | None = None):
@@ -34,7 +68,7 @@ def compose_train(overrides: list[str]):
 
 def check_train_command(argv: list[str], composition_only: bool = False):
     """The settings `train.py ARGV` would train with, or its one-line refusal, without training."""
-    return check_command_line("train", argv, checked, composition_only)
+    return check_command_line("train", argv, checked, composition_only, precheck=check_train_only_keys)
 
 
 def take_folder(settings, context: RunContext) -> contextlib.AbstractContextManager:
@@ -82,4 +116,5 @@ def experiment_names() -> list[str]:
 
 
 def main() -> None:
-    run_command("train", sys.argv[1:], checked, run, prepare=take_folder, sweep_job=sweep_job)
+    run_command("train", sys.argv[1:], checked, run, prepare=take_folder, sweep_job=sweep_job,
+                precheck=check_train_only_keys)

@@ -15,7 +15,6 @@ from typing import ClassVar, Literal
 from pydantic import Field, ValidationInfo, model_validator
 
 from promptemb.common.bounds import AtLeastOne, NonNegative, Positive, Seed
-from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
 from promptemb.common.validation import (
@@ -111,11 +110,10 @@ class TrainSettings(CommandSettings):
     @model_validator(mode="after")
     def check(self, info: ValidationInfo) -> TrainSettings:
         """After pydantic's types and keys, the cheapest refutations first, so that a typical mistake is answered
-        before the training stack is imported: what the command line asks for that training would not read, the
-        optimiser and schedule against their hints, the data root; then what the values say about each other
-        (`check_train_composition`: every `_target_` node, the recipe's template and registration), then the
-        machine, the model files and the training data files (one `ConfigError` line each)."""
-        check_train_only_keys(getattr(info.context, "overrides", ()))
+        before the training stack is imported: the optimiser and schedule against their hints, the data root; then
+        what the values say about each other (`check_train_composition`: every `_target_` node, the recipe's
+        template and registration), then the machine, the model files and the training data files (one
+        `ConfigError` line each)."""
         declare_optimizer_hints()
         for prefix, values, target in target_nodes({"optimizer": self.optimizer, "scheduler": self.scheduler}):
             if callable(target):
@@ -174,40 +172,6 @@ def check_train_composition(values: dict) -> None:
         owner = getattr(target := target_of(node or {}), "__self__", target)
         if hasattr(owner, "check_config"):
             owner.check_config(node)
-
-
-#: Keys of train.py's config that nothing reads, and why.
-UNREAD_KEYS = {
-    "trainer.limit_val_batches": "there is no validation loop (the STS callback scores the dev set every "
-                                 "eval_every_n_steps); drop it",
-    "trainer.num_sanity_val_steps": "there is no validation loop; drop it",
-    "trainer.default_root_dir": "checkpoints and logs have their own folders under output_dir; set output_dir",
-    "logger.resume_step": "a resumed run sets it from its checkpoint; drop it",
-    "expected_scores": "`make reproduce` reads the pinned scores from the experiment's file "
-                       "(configs/experiment/NAME.yaml); edit them there",
-}
-#: What training reads in place of a backbone key evaluate.py reads.
-TRAINING_EQUIVALENTS = {"max_length": "+model.max_length=N (the templated input's token limit)",
-                        "batch_size": "data.batch_size", "device": "trainer.accelerator / trainer.devices",
-                        "dtype": "trainer.precision (model.dtype: a decoder recipe's base weights)",
-                        "quantization": "model.quantization=4bit (QLoRA in the decoder recipe prompteol_sup)"}
-
-
-def check_train_only_keys(overrides) -> None:
-    """A command-line key that training would accept and not read: `backbone.*` keys other than the model's name
-    (evaluate.py's; training builds the model from `backbone.name_or_path` only) and the `UNREAD_KEYS`. One line
-    naming what does it instead."""
-    for _, key, _ in map(split_override, overrides or ()):
-        group, dot, leaf = key.partition(".")
-        unread = next((reason for name, reason in UNREAD_KEYS.items() if key == name or key.startswith(name + ".")),
-                      None)
-        if unread:
-            raise ConfigError(f"train.py does not read {key}: {unread}")
-        if group == "backbone" and dot and leaf != "name_or_path":
-            instead = TRAINING_EQUIVALENTS.get(leaf)
-            advice = f"set {instead} instead" if instead else "drop it (evaluate.py reads it, train.py does not)"
-            raise ConfigError(f"train.py does not read {key} (training takes only backbone.name_or_path from the "
-                              f"backbone); {advice}")
 
 
 def check_selection_metric(callbacks: dict) -> None:

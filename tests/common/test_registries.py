@@ -93,3 +93,16 @@ def test_user_modules_import_or_say_why_in_one_line(tmp_path, monkeypatch):
         import_modules(["registry_test_broken"])
     with pytest.raises(ConfigError, match=r"a module name such as my_recipes"):
         import_modules(["some/path.py"])
+
+
+def test_a_builtin_recipes_checkpoint_is_recognised_in_a_fresh_process(tmp_path):
+    """`evaluate.py`, `export.py` and `load_encoder` read a checkpoint in a process that imported no recipe module:
+    the built-in recipes are registered when a checkpoint is read, with no `imports=`."""
+    import subprocess
+
+    code = ("from promptemb.lightning_modules.recipe import recipe_of_checkpoint; "
+            "print(recipe_of_checkpoint({'promptemb_recipe': {'name': 'prompteol_sup', "
+            "'class': 'promptemb.lightning_modules.prompteol.PromptEOLSup'}}, 'x.ckpt').__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "PromptEOLSup"

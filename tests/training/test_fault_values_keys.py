@@ -19,6 +19,7 @@ from promptemb.inference.command_line import check_evaluate_command
 from promptemb.lightning_modules.promptbert import PromptBERTUnsup
 from promptemb.lightning_modules.schedules import linear_warmup_decay
 from promptemb.training.command_line import check_train_command
+from promptemb.training.settings import declare_optimizer_hints
 from promptemb.training.trainer import Trainer
 from tests.faults import listing, run_entry
 from tests.helpers import assert_one_line_error
@@ -34,6 +35,7 @@ def check_command_line(entry: str, argv: list[str]):
     return check_evaluate_command(argv, entry, composition_only=True)
 
 
+declare_optimizer_hints()  # train.py declares AdamW's ranges as its check runs; these tests check AdamW directly
 #: where each key's range is declared: its owner's hints
 OWNERS = {"optimizer": torch.optim.AdamW, "model": PromptBERTUnsup, "scheduler": linear_warmup_decay,
           "trainer": Trainer}
