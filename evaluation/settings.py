@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from promptemb.common.bounds import AtLeastOne, Seed
+from promptemb.common.bounds import AtLeastOne, NonNegativeInt, Seed
 from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
@@ -142,6 +142,18 @@ class EvaluateSettings(ModelSettings):
     transfer_args: OpenMap = Field(default_factory=dict)
     clustering_args: OpenMap = Field(default_factory=dict)
     dims: list[AtLeastOne] = Field(default_factory=list)
+    layers: list[NonNegativeInt] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def check_layers(self) -> EvaluateSettings:
+        """Each pooler also scored on the model cut after these layers (rows `pooler@l`, with `dims` `pooler@l@d`):
+        none twice, none also a width (its rows would be named alike); the model's depth is checked once it loads."""
+        if len(set(self.layers)) != len(self.layers):
+            raise ConfigError(f"layers={self.layers} lists a layer twice; list each once")
+        if shared := sorted(set(self.layers) & set(self.dims)):
+            raise ConfigError(f"layers={self.layers} and dims={self.dims} share {shared[0]}: rows pooler@{shared[0]} "
+                              "would be the pooler at layer and at width alike; score them in two runs")
+        return self
 
     @property
     def scoring(self) -> ScoringSettings:
