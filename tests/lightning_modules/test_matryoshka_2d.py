@@ -31,9 +31,12 @@ from promptemb.lightning_modules.matryoshka import (
     split_depths,
 )
 from promptemb.lightning_modules.promptbert import PromptBERTSup
+from promptemb.lightning_modules.prompteol import PromptEOLSup
 from promptemb.training.command_line import checked as check_train_config
+from tests.decoder_helpers import save_tiny_decoder
 from tests.helpers import assert_close_scaled, assert_one_line_error, assert_tensors_close, error_starting
 from tests.lightning_modules.test_grad_cache import SENTENCES, TRIPLETS, loss_and_grads, make
+from tests.training.test_ddp import single_and_two_ranks
 from tests.training.test_train import compose_train, run_train
 
 TAU = 0.05
@@ -80,9 +83,9 @@ def assert_same(got_loss, got_grads: dict, want_loss, want_grads: dict) -> None:
     assert_tensors_close(got_grads, want_grads, GRAD_TOL)
 
 
-def tiny_sentence_transformer(path, pooling: str = "mean") -> SentenceTransformer:
+def tiny_sentence_transformer(path, pooling: str = "mean", width: int = 32) -> SentenceTransformer:
     torch.manual_seed(0)
-    return SentenceTransformer(modules=[Transformer(str(path)), Pooling(32, pooling)], device="cpu").double()
+    return SentenceTransformer(modules=[Transformer(str(path)), Pooling(width, pooling)], device="cpu").double()
 
 
 @pytest.mark.parametrize(("settings", "dims", "weights", "with_negatives"), SETTINGS)
@@ -131,7 +134,7 @@ def given_layers(features: dict) -> dict:
 def stand_in(path, width: int) -> SentenceTransformer:
     """A SentenceTransformer over the tiny BERT (so AdaptiveLayerLoss finds its Transformer module and config)
     whose Transformer forward is `given_layers`: the losses then score exactly the views a recipe produced."""
-    model = tiny_sentence_transformer(path, "cls")
+    model = tiny_sentence_transformer(path, "cls", width)
     model[0].forward = given_layers
     assert model.get_embedding_dimension() == width
     return model
@@ -182,6 +185,32 @@ def test_recipe_step_equals_sentence_transformers_on_its_views(tiny_bert, kind, 
     assert len(plans) > 1 or settings.get("n_layers_per_step") == -1
     plain = loss_and_grads(make(kind, tiny_bert, **options), batch)
     assert abs(got[0] - plain[0]) > 1e-3  # the layers changed the objective
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return save_tiny_decoder(tmp_path_factory.mktemp("llama"), "llama")
+
+
+def test_a_decoder_recipe_equals_sentence_transformers_on_its_views(tiny_bert, tiny_llama):
+    """PromptEOL sup (LoRA on a tiny Llama, the last token's state; intermediate layers are the raw layer outputs,
+    as sentence-transformers reads them): the step equals Matryoshka2dLoss on its views."""
+    settings, dims = {"n_layers_per_step": 2}, [64, 16]
+    random.seed(0)
+    torch.manual_seed(0)
+    module = PromptEOLSup(str(tiny_llama), adaptive_layers=settings, matryoshka_dims=dims, lora_r=4).double()
+    module.train()
+    got = step(module, TRIPLETS)
+    plan = module.layer_plan
+    assert plan.num_layers == 4
+    module.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    views = split_depths(module.training_views(TRIPLETS), len(plan.depths))
+    random.seed(f"{module.layer_seed}:{module.layer_draws - 1}")
+    reference = st_loss(stand_in(tiny_bert, 64), settings, dims, None)(st_features(plan, views), None)
+    reference.backward()
+    grads = {name: p.grad.clone() for name, p in module.named_parameters() if p.requires_grad}
+    assert_same(got[0], got[1], reference.detach(), grads)
 
 
 def test_unsupervised_2d_truncates_the_evaluated_representation(tiny_bert):
@@ -263,6 +292,16 @@ def test_grad_cache_gives_the_2d_full_batch_gradient(tiny_bert, kind, batch):
     assert cached.layer_plan == reference.layer_plan
     assert_close_scaled(got[0], want[0], 0.0, atol=1e-9, msg="loss")
     assert_tensors_close(got[1], want[1], 1e-9)
+
+
+def test_two_ranks_equal_one_process_on_the_joined_batch(tmp_path):
+    """Cross-rank rows: every depth's InfoNCE and the KL term over 2 gloo ranks give the loss and gradient of one
+    process on the joined batch (the KL term's rows gathered as InfoNCE's)."""
+    single, ranks = single_and_two_ranks("adaptive_layers_ddp_worker.py", str(tmp_path / "result"))
+    for ddp in ranks:
+        # float64 but for the fp32 logits and softmax, computed from the same gathered rows: float64 round-off
+        torch.testing.assert_close(ddp["loss"], single["loss"], rtol=1e-7, atol=1e-7)
+        torch.testing.assert_close(ddp["grad"], single["grad"], rtol=1e-6, atol=1e-7)
 
 
 class PlanRecorder(pl.Callback):
