@@ -146,13 +146,10 @@ class EvaluateSettings(ModelSettings):
 
     @model_validator(mode="after")
     def check_layers(self) -> EvaluateSettings:
-        """Each pooler also scored on the model cut after these layers (rows `pooler@l`, with `dims` `pooler@l@d`):
-        none twice, none also a width (its rows would be named alike); the model's depth is checked once it loads."""
-        if len(set(self.layers)) != len(self.layers):
-            raise ConfigError(f"layers={self.layers} lists a layer twice; list each once")
-        if shared := sorted(set(self.layers) & set(self.dims)):
-            raise ConfigError(f"layers={self.layers} and dims={self.dims} share {shared[0]}: rows pooler@{shared[0]} "
-                              "would be the pooler at layer and at width alike; score them in two runs")
+        """`layers` against `dims` (rows `pooler@l` and `pooler@d`); the model's depth is checked once it loads."""
+        from promptemb.poolers.truncated import check_depths
+
+        check_depths(self.layers, self.dims)
         return self
 
     @property

@@ -71,6 +71,16 @@ class TruncatedPooler(Pooler):
         return {**self.inner.describe(), "layers": list(self._needs.layers), "depth": self.depth}
 
 
+def check_depths(depths: Sequence[int], dims: Sequence[int]) -> None:
+    """evaluate.py's `layers` before the model loads: none twice, none also a width (`dims`: rows `pooler@d` would
+    be the pooler at that layer and at that width alike); the model's depth is checked once it loads."""
+    if len(set(depths)) != len(depths):
+        raise ConfigError(f"layers={list(depths)} lists a layer twice; list each once")
+    if shared := sorted(set(depths) & set(dims)):
+        raise ConfigError(f"layers={list(depths)} and dims={list(dims)} share {shared[0]}: rows pooler@{shared[0]} "
+                          "would be the pooler at that layer and at that width alike; score them in two runs")
+
+
 def at_depths(poolers: Sequence[Pooler], depths: Sequence[int], num_layers: int) -> list[Pooler]:
     """Each pooler, then the same pooler at each of `depths` (deepest first) of a model of `num_layers` layers:
     the rows of a layers x widths table with `dims`."""

@@ -158,12 +158,12 @@ def test_evaluate_cli_scores_a_trained_models_layers_by_widths_table(mini_data, 
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["dims=[16]", "layers=[16]"], "layers=[16] and dims=[16] share 16: rows pooler@16 would be the pooler at "
-                                   "layer and at width alike"),
+    (["dims=[16]", "layers=[16]"], "layers=[16] and dims=[16] share 16: rows pooler@16 would be the pooler at that "
+                                   "layer and at that width alike"),
     (["layers=[1,1]"], "layers=[1, 1] lists a layer twice"),
     (["layers=[-1]"], "layers=[-1]: Input should be greater than or equal to 0"),
 ])
-def test_evaluate_settings_refuse_bad_layers(overrides, message, tmp_path):
+def test_evaluate_settings_refuse_bad_layers_before_the_model_loads(overrides, message, tmp_path):
     with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
         cfg = compose("eval", [f"output_dir={tmp_path / 'out'}", *overrides])
     with pytest.raises(ConfigError, match=re.escape(message)):
