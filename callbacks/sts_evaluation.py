@@ -290,6 +290,8 @@ class STSEvaluationCallback(pl.Callback):
         provenance.update(wall_time_s=round(time.perf_counter() - started, 2), **self.provenance)
         if (matryoshka := getattr(module, "matryoshka", None)) is not None:
             provenance["matryoshka"] = matryoshka.describe()  # the widths and weights it was trained with
+        if (adaptive := getattr(module, "adaptive_layers", None)) is not None:
+            provenance["adaptive_layers"] = adaptive.describe()  # the layers it was trained at (2D Matryoshka)
         if (mined := getattr(getattr(trainer, "datamodule", None), "mined", None)) is not None:
             provenance["training_data_mined"] = mined_summary(mined)  # what mined its hard negatives
         self.session.report(self.output_dir, self.session.record(result, provenance))

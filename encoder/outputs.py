@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -59,3 +59,22 @@ class EncoderOutput:
 
     def layer(self, index: int) -> torch.Tensor:
         return self.hidden_states[normalize_layer(index, self.num_layers)]
+
+    def truncated(self, depth: int) -> EncoderOutput:
+        """The output of the same forward with the model cut after layer `depth` (0: the embedding output): the
+        states, template biases and attentions of layers 0..depth, layer `depth` now the last (`-1`), so a pooler
+        re-pools it as the model's output (sentence-transformers' `AdaptiveLayerLoss` re-runs its pooling on an
+        intermediate layer's states the same way). A decoder's intermediate states are the raw layer outputs (the
+        final norm follows the last layer only)."""
+        normalize_layer(depth, self.num_layers)
+        if not 0 <= depth <= self.num_layers:
+            raise ConfigError(f"depth {depth}: a model with {self.num_layers} layers is cut after one of layers "
+                              f"0 .. {self.num_layers}")
+        if depth == self.num_layers:
+            return self
+        return replace(
+            self, num_layers=depth,
+            hidden_states={layer: states for layer, states in self.hidden_states.items() if layer <= depth},
+            attentions=None if self.attentions is None else self.attentions[:depth],
+            template_bias=None if self.template_bias is None else {
+                layer: bias for layer, bias in self.template_bias.items() if layer <= depth})

@@ -75,6 +75,24 @@ def markdown_table(scores: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def layers_by_widths(scores: dict[str, dict[str, float]], layers, dims) -> str:
+    """The 2D Matryoshka table of each pooler scored at `layers` (evaluate.py layers=[...]): its task average on the
+    whole model and cut after each layer (rows, deepest first), at its full width and each of `dims` (columns,
+    widest first); one table per pooler."""
+    depths = sorted(layers, reverse=True)
+    tables = ""
+    for pooler in (label for label in scores if f"{label}@{depths[0]}" in scores):
+        widths = [d for d in sorted(dims, reverse=True) if f"{pooler}@{d}" in scores]
+        header = ["layers", "full width", *(str(d) for d in widths)]
+        lines = [f"{pooler}, average over the tasks:\n", "| " + " | ".join(header) + " |",
+                 "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        for name, row in [("all", pooler), *((f"1..{d}" if d else "0 (embeddings)", f"{pooler}@{d}") for d in depths)]:
+            cells = [scores.get(label, {}).get("avg") for label in (row, *(f"{row}@{d}" for d in widths))]
+            lines.append("| " + " | ".join([name, *("-" if v is None else f"{v:.2f}" for v in cells)]) + " |")
+        tables += "\n".join(lines) + "\n\n"
+    return tables
+
+
 def post_summary(prov: dict) -> str:
     if not prov.get("post_processing"):
         return "none"
@@ -137,6 +155,8 @@ def write_report(output_dir: Path, results: dict) -> tuple[Path, Path]:
         wall = f"  \nwall time: {seconds}" if seconds else ""
         body += f"## {heading}\n\nprotocol: {protocol}{wall}\n\n"
         body += markdown_table(family_result["scores"]) + "\n"
+        if prov.get("layers"):
+            body += layers_by_widths(family_result["scores"], prov["layers"], prov.get("dims") or ())
         if family_result.get("pearson"):
             body += "Pearson x100 (cosine), same rows:\n\n" + markdown_table(family_result["pearson"]) + "\n"
         plot_scores(family_result["scores"], output_dir / plot_name(family),

@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from promptemb.common.bounds import AtLeastOne, Seed
+from promptemb.common.bounds import AtLeastOne, NonNegativeInt, Seed
 from promptemb.common.cli import split_override
 from promptemb.common.errors import ConfigError
 from promptemb.common.run_context import RunPaths
@@ -142,6 +142,15 @@ class EvaluateSettings(ModelSettings):
     transfer_args: OpenMap = Field(default_factory=dict)
     clustering_args: OpenMap = Field(default_factory=dict)
     dims: list[AtLeastOne] = Field(default_factory=list)
+    layers: list[NonNegativeInt] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def check_layers(self) -> EvaluateSettings:
+        """`layers` against `dims` (rows `pooler@l` and `pooler@d`); the model's depth is checked once it loads."""
+        from promptemb.poolers.truncated import check_depths
+
+        check_depths(self.layers, self.dims)
+        return self
 
     @property
     def scoring(self) -> ScoringSettings:

@@ -34,6 +34,7 @@ from promptemb.evaluation.settings import EncodeSettings, EvaluateSettings
 from promptemb.inference.model_sources import check_input_form, merge_poolers, open_trained_model
 from promptemb.poolers import build_pooler
 from promptemb.poolers.fitted import CorpusFittedPooler
+from promptemb.poolers.truncated import at_depths
 
 log = logging.getLogger(__name__)
 #: What `run` takes: one settings object per command.
@@ -117,6 +118,8 @@ class Evaluation:
             self.sentences = read_sentences(Path(settings.input))
         self.started, self.versions = time.perf_counter(), software_versions()
         self.scoring = open_scoring(settings, poolers)
+        if settings.mode == "score" and settings.layers:  # the model's own poolers too, each at every depth
+            self.scoring.poolers = at_depths(self.scoring.poolers, settings.layers, self.scoring.encoder.num_layers)
 
     def run(self) -> dict | np.ndarray:
         return self.score() if self.settings.mode == "score" else self.encode()
@@ -132,6 +135,7 @@ class Evaluation:
         if scoring.source is not None:
             prov["model"]["source"] = scoring.source
         prov.update(seed=settings.seed, config=settings.resolved)
+        prov["layers"] = list(settings.layers)  # rows `pooler@l`: the model cut after layer l
         prov["data_root"] = str(session.corpora().root)
         prov["forward_sequences"] = encoder.stats.forward_sequences
         prov["forward_forms"] = encoder.stats.forms

@@ -67,7 +67,8 @@ class AnglE(PromptContrastiveModule):
     def check_config(cls, settings: dict) -> None:
         """The base checks, then what AnglE cannot train with, each one line before any weights load."""
         super().check_config(settings)
-        for key, why in (("grad_cache_chunk_size", "gradient caching"), ("matryoshka_dims", "Matryoshka widths")):
+        for key, why in (("grad_cache_chunk_size", "gradient caching"), ("matryoshka_dims", "Matryoshka widths"),
+                         ("adaptive_layers", "adaptive layers")):
             if settings.get(key):
                 raise ConfigError(f"model.{key}={settings[key]}: AnglE does not train with {why}; drop "
                                   f"model.{key}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import random
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,7 +32,19 @@ from promptemb.encoder.template import SentenceRule, Template
 from promptemb.lightning_modules.checkpoint import rebuild_with_weights
 from promptemb.lightning_modules.grad_cache import GradCache, TemplateBiasCache, check_grad_cache_precision
 from promptemb.lightning_modules.losses import info_nce, world_size
-from promptemb.lightning_modules.matryoshka import Matryoshka, check_matryoshka_settings, configured_width
+from promptemb.lightning_modules.matryoshka import (
+    AdaptiveLayers,
+    DepthPass,
+    LayerPlan,
+    Matryoshka,
+    Views,
+    check_matryoshka_settings,
+    configured_depth,
+    configured_width,
+    join_depths,
+    layer_rng,
+    split_depths,
+)
 from promptemb.lightning_modules.recipe import RECORD_KEY, EncodingSpec, RecipeConstruction, recipe_record
 from promptemb.lightning_modules.schedules import linear_warmup_decay
 from promptemb.poolers.base import Pooler
@@ -91,6 +104,11 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
     template_views: int = 1
     #: Whether the recipe reads a [MASK] slot (its templates and the tokenizer must have one); DCPCSE pools [CLS].
     requires_mask: bool = True
+    #: Adaptive layers (lightning_modules/matryoshka.py; None: off), the step's draw, and while the views of a step
+    #: are computed, the pass over its depths (`training_views`)
+    adaptive_layers: AdaptiveLayers | None = None
+    layer_plan: LayerPlan | None = None
+    depth_pass: DepthPass | None = None
 
     @classmethod
     def check_config(cls, settings: dict) -> None:
@@ -102,6 +120,13 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
         check_matryoshka_settings(settings.get("matryoshka_dims"), settings.get("matryoshka_weights"))
         if settings.get("matryoshka_dims") and (width := configured_width(settings.get("model_name_or_path"))):
             Matryoshka.build(settings["matryoshka_dims"]).check_width(width, cls.__name__, warn=False)
+        adaptive = cls.build_adaptive_layers(settings.get("adaptive_layers"), settings.get("matryoshka_dims"))
+        if adaptive is not None and (depth := configured_depth(settings.get("model_name_or_path"))):
+            adaptive.check_depth(depth, cls.__name__)
+
+    @staticmethod
+    def build_adaptive_layers(settings, dims) -> AdaptiveLayers | None:
+        return AdaptiveLayers.build(settings, len(dims) if dims else None)
 
     def __init__(
         self,
@@ -121,9 +146,12 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
         gradient_checkpointing: bool = False,
         matryoshka_dims: list[AtLeastOne] | None = None,
         matryoshka_weights: list[Positive] | None = None,
+        adaptive_layers: dict | None = None,
     ):
         """`matryoshka_dims` / `matryoshka_weights`: InfoNCE summed over these prefix widths of the representation
-        (lightning_modules/matryoshka.py; sentence-transformers' MatryoshkaLoss semantics); null: the plain loss."""
+        (lightning_modules/matryoshka.py; sentence-transformers' MatryoshkaLoss semantics); null: the plain loss.
+        `adaptive_layers`: the objective also at earlier layers, sentence-transformers' AdaptiveLayerLoss settings
+        (`Matryoshka2dLoss` with widths), e.g. {n_layers_per_step: 1}; null: the last layer only."""
         super().__init__()
         # The optimiser and schedule are factories (Hydra partials), not weights' metadata: checkpoints keep plain
         # values only (torch.load(weights_only=True)); the run's config records them.
@@ -131,7 +159,7 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
         self.optimizer_factory = optimizer or DEFAULT_OPTIMIZER
         self.scheduler_factory = scheduler or DEFAULT_SCHEDULER
         type(self).check_config({"denoise": denoise, "freeze_bias": freeze_bias, "matryoshka_dims": matryoshka_dims,
-                                 "matryoshka_weights": matryoshka_weights})
+                                 "matryoshka_weights": matryoshka_weights, "adaptive_layers": adaptive_layers})
         name = type(self).__name__
         if len(templates) != max(1, self.template_views) or not all(isinstance(text, str) for text in templates):
             raise ConfigError(f"{name} trains with {self.template_views} template(s), got {list(templates)!r}")
@@ -154,6 +182,7 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
             self.transformer.pooler.requires_grad_(False)
         self.max_length = max_input_length(self.transformer, self.tokenizer, max_length)
         self.matryoshka = self.build_matryoshka(matryoshka_dims, matryoshka_weights)
+        self.set_adaptive_layers(adaptive_layers)
         self.builders = [self._builder(t, max_sentence_tokens) for t in self.templates]
         self.input_embedder: torch.nn.Module | None = None
         # Memory options for large batches: gradient caching (lightning_modules/grad_cache.py; the cache of template
@@ -288,23 +317,33 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
             if id(builder) not in built:
                 built[id(builder)] = self.view_batch(sentences, builder)
         batches = [built[id(builder)] for builder in builders]
-        merged = concat_batches(batches, self.tokenizer.pad_token_id, width=self.padded_width(batches, builders))
-        bias_rows = None
-        if needs.template_bias and self.template_bias_cache is None:
-            width = merged.input_ids.shape[1]
-            bias_rows = plan_bias_rows(
-                builders, [self._host_lengths(batch) for batch in batches], width, position_base(self.transformer),
-                self.tokenizer.pad_token_id, self.device,
-                rows=bias_rows_needed(builders, width) if self.length_buckets else None)
-        out = training_forward(self.transformer, merged, needs.layers, bias_rows=bias_rows,
-                               input_embedder=self.input_embedder, freeze_bias=self.hparams.freeze_bias,
-                               call=self.training_call)
-        if needs.template_bias and self.template_bias_cache is not None:
-            lengths = [self._host_lengths(b) for b in batches]
-            biases = self.template_bias_cache.biases(
-                lambda b, n: self.compute_template_biases(b, n, needs.layers), builders, lengths)
-            out.template_bias = {layer: torch.cat([bias[layer] for bias in biases]) for layer in biases[0]}
+
+        def forward(layers: tuple[int, ...]):
+            merged = concat_batches(batches, self.tokenizer.pad_token_id, width=self.padded_width(batches, builders))
+            bias_rows = None
+            if needs.template_bias and self.template_bias_cache is None:
+                width = merged.input_ids.shape[1]
+                bias_rows = plan_bias_rows(
+                    builders, [self._host_lengths(batch) for batch in batches], width, position_base(self.transformer),
+                    self.tokenizer.pad_token_id, self.device,
+                    rows=bias_rows_needed(builders, width) if self.length_buckets else None)
+            out = training_forward(self.transformer, merged, layers, bias_rows=bias_rows,
+                                   input_embedder=self.input_embedder, freeze_bias=self.hparams.freeze_bias,
+                                   call=self.training_call)
+            if needs.template_bias and self.template_bias_cache is not None:
+                lengths = [self._host_lengths(b) for b in batches]
+                biases = self.template_bias_cache.biases(
+                    lambda b, n: self.compute_template_biases(b, n, layers), builders, lengths)
+                out.template_bias = {layer: torch.cat([bias[layer] for bias in biases]) for layer in biases[0]}
+            return out
+
+        out = self.encoder_output(needs.layers, forward)
         return list(pooler(out).split([batch.input_ids.shape[0] for batch in batches]))
+
+    def encoder_output(self, layers: tuple[int, ...], forward: Callable):
+        """`forward(layers)`, the `EncoderOutput` of the states a pooler reads (`layers`); while the views of a step
+        are computed at several depths (adaptive layers), the depth pass's: one forward, re-pooled at each depth."""
+        return forward(layers) if self.depth_pass is None else self.depth_pass.output(layers, forward)
 
     @staticmethod
     def _host_lengths(batch: Batch) -> torch.Tensor:
@@ -330,6 +369,21 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
         """(anchors, positives, hard negatives or None), each [b, D]."""
         raise NotImplementedError
 
+    def training_views(self, batch) -> Views:
+        """What the objective contrasts: `contrastive_views`, or with adaptive layers the views of every depth of
+        the step's plan side by side ([b, depths × D]), from one forward per pooled call (`DepthPass`)."""
+        if self.adaptive_layers is None:
+            return self.contrastive_views(batch)
+        self.depth_pass = DepthPass(self.layer_plan.depths)
+        try:
+            per_depth = []
+            for depth in self.depth_pass.depths:
+                self.depth_pass.at(depth)
+                per_depth.append(self.contrastive_views(batch))
+        finally:
+            self.depth_pass = None
+        return join_depths(per_depth)
+
     def eval_poolers(self) -> list[Pooler]:
         """Poolers a checkpoint is scored with (at least [MASK] and avg)."""
         raise NotImplementedError
@@ -348,20 +402,66 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
             matryoshka.check_width(self.transformer.config.hidden_size, type(self).__name__)
         return matryoshka
 
+    def set_adaptive_layers(self, settings: dict | None) -> None:
+        """Adaptive layers from their settings, checked against the model's depth, and the seed of their draws:
+        taken from Python's generator as the module is built, after the run seeded it, so it is a function of the
+        run's seed, the same on every rank and again when a run resumes."""
+        dims = self.matryoshka.dims if self.matryoshka is not None else None
+        self.adaptive_layers = self.build_adaptive_layers(settings, dims)
+        if self.adaptive_layers is not None:
+            self.adaptive_layers.check_depth(self.num_layers, type(self).__name__)
+            self.layer_seed = random.getrandbits(64)
+            self.layer_draws = 0
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.transformer.config.num_hidden_layers)
+
+    def draw_layers(self) -> LayerPlan:
+        """This batch's prior layers and widths (`layer_rng`: keyed by the batch's index in the run, Lightning's
+        counter, which a resumed run restores; outside a trainer, the module's own count of draws)."""
+        trainer = self._trainer
+        index = trainer.fit_loop.total_batch_idx if trainer is not None else self.layer_draws
+        self.layer_draws += 1
+        widths = len(self.matryoshka.dims) if self.matryoshka is not None else None
+        return self.adaptive_layers.draw(layer_rng(self.layer_seed, index), self.num_layers, widths)
+
     def contrastive_objective(self, anchors: torch.Tensor, positives: torch.Tensor,
                               negatives: torch.Tensor | None) -> torch.Tensor:
-        """InfoNCE of the views (`contrastive_views`), or its Matryoshka sum over prefix widths."""
-        if self.matryoshka is None:
+        """The objective of the views (`training_views`): InfoNCE, or its Matryoshka sum over prefix widths
+        (`layer_objective`); with adaptive layers, that of each depth of the step's plan, weighed, with the KL terms
+        (`AdaptiveLayers.loss`)."""
+        if self.adaptive_layers is None:
+            return self.layer_objective(anchors, positives, negatives, self.matryoshka)
+        plan = self.layer_plan
+
+        def objective(views: Views, widths: tuple[int, ...] | None) -> torch.Tensor:
+            matryoshka = self.matryoshka if widths is None else self.matryoshka.subset(widths)
+            return self.layer_objective(*views, matryoshka)
+
+        return self.adaptive_layers.loss(plan, split_depths((anchors, positives, negatives), len(plan.depths)),
+                                         objective, self.full_representation)
+
+    def layer_objective(self, anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor | None,
+                        matryoshka: Matryoshka | None) -> torch.Tensor:
+        """InfoNCE of one depth's views, or its sum over these Matryoshka widths."""
+        if matryoshka is None:
             return info_nce(anchors, positives, self.hparams.temperature, negatives)
-        return self.matryoshka.loss(anchors, positives, negatives, self.hparams.temperature)
+        return matryoshka.loss(anchors, positives, negatives, self.hparams.temperature)
+
+    def full_representation(self, views: torch.Tensor) -> torch.Tensor:
+        """The full-width representation within a view (what the KL term of adaptive layers compares)."""
+        return views
 
     def contrastive_loss(self, batch):
         """(InfoNCE of the batch, its rows, what turns the loss to back-propagate into the tensor handed to Lightning):
         the loss itself, or under gradient caching a surrogate carrying the full-batch gradient."""
+        if self.adaptive_layers is not None:
+            self.layer_plan = self.draw_layers()
         if self.hparams.grad_cache_chunk_size:
             step = GradCache(self, self.hparams.grad_cache_chunk_size)
             return *step.loss(batch), step.surrogate
-        anchors, positives, negatives = self.contrastive_views(batch)
+        anchors, positives, negatives = self.training_views(batch)
         return self.contrastive_objective(anchors, positives, negatives), anchors.shape[0], lambda loss: loss
 
     def training_step(self, batch, batch_idx):

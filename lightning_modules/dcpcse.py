@@ -43,9 +43,11 @@ PLAIN_TEMPLATE = "[X]"
 
 #: Training options the prefixes are not built for, refused before anything loads: the prefixes are drawn once per
 #: transformer call and read by each layer's hook, which a recomputation in backward (activation checkpointing) or a
-#: chunked re-forward (gradient caching) would not replay; Matryoshka widths were never part of the method.
+#: chunked re-forward (gradient caching) would not replay; Matryoshka widths and adaptive layers were never part of
+#: the method.
 UNSUPPORTED = {"grad_cache_chunk_size": "gradient caching", "gradient_checkpointing": "activation checkpointing",
-               "matryoshka_dims": "Matryoshka widths", "denoise": "template denoising (there is no template)",
+               "matryoshka_dims": "Matryoshka widths", "adaptive_layers": "adaptive layers",
+               "denoise": "template denoising (there is no template)",
                "freeze_bias": "frozen template biases (there is no template)"}
 
 

@@ -183,8 +183,8 @@ class TemplateBiasCache:
 class GradCache:
     """One training step with gradient caching; `loss` runs pass 1, `surrogate` pass 2 (see the module docstring).
 
-    The module provides `contrastive_views(chunk)` -> (anchors, positives, hard negatives or None), the loss of
-    those views (`contrastive_objective`, InfoNCE or its Matryoshka sum) and a
+    The module provides `training_views(chunk)` -> (anchors, positives, hard negatives or None), the loss of
+    those views (`contrastive_objective`, InfoNCE, its Matryoshka sum or its sum over layers) and a
     `template_bias_cache` attribute: while it is set, the module's template biases come from
     `TemplateBiasCache.biases(compute, builders, lengths)`.
     """
@@ -210,7 +210,7 @@ class GradCache:
                     self.cache.start_chunk(index)
                     last = index == len(self.chunks) - 1
                     with torch.enable_grad() if last else autocast_weight_cache_disabled():
-                        views.append(module.contrastive_views(chunk))
+                        views.append(module.training_views(chunk))
         finally:
             module.template_bias_cache = None
         self.rng_after_pass1 = RngState.capture(module.device)
@@ -239,7 +239,7 @@ class GradCache:
             for index in range(len(self.chunks) - 1):
                 self.chunk_rng[index].restore()
                 self.cache.start_chunk(index)
-                views = [v for v, e in zip(module.contrastive_views(self.chunks[index]), self.embeddings[index],
+                views = [v for v, e in zip(module.training_views(self.chunks[index]), self.embeddings[index],
                                            strict=True) if e is not None]
                 _accumulate(grads + leaf_grads, views, self.params + leaves, embedding_grads[index])
         finally:

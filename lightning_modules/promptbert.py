@@ -43,17 +43,21 @@ class PromptBERTUnsup(PromptContrastiveModule):
         projected = self.mlp(view)
         return projected if self.matryoshka is None else torch.cat([projected, view], dim=-1)
 
-    def contrastive_objective(self, anchors, positives, negatives):
+    def layer_objective(self, anchors, positives, negatives, matryoshka):
         """InfoNCE of MLP(h); with Matryoshka widths Σ_k w_k · InfoNCE, the full-width term on MLP(h) (the plain
         loss) and each narrower term on the first d_k components of h, the representation evaluated."""
-        if self.matryoshka is None:
-            return super().contrastive_objective(anchors, positives, negatives)
+        if matryoshka is None:
+            return super().layer_objective(anchors, positives, negatives, None)
         width = self.transformer.config.hidden_size
 
         def truncate(views: torch.Tensor, dim: int) -> torch.Tensor:
             return views[..., :width] if dim == width else views[..., width:width + dim]
 
-        return self.matryoshka.loss(anchors, positives, negatives, self.hparams.temperature, truncate)
+        return matryoshka.loss(anchors, positives, negatives, self.hparams.temperature, truncate)
+
+    def full_representation(self, views: torch.Tensor) -> torch.Tensor:
+        """MLP(h), what the plain loss contrasts (with widths, the first half of [MLP(h), h])."""
+        return views if self.matryoshka is None else views[..., :self.transformer.config.hidden_size]
 
     def eval_poolers(self) -> list[Pooler]:
         return [MaskPooler("mask"), build_pooler("avg")]

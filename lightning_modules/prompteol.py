@@ -92,6 +92,7 @@ class PromptEOLSup(PromptContrastiveModule):
         base_weights_sha256: str | None = None,
         matryoshka_dims: list[AtLeastOne] | None = None,
         matryoshka_weights: list[Positive] | None = None,
+        adaptive_layers: dict | None = None,
     ):
         # The encoder recipes' constructor loads a masked LM and requires [MASK]; a decoder is loaded here instead
         # and the attributes the shared training step reads are set the same way. save_hyperparameters() finds
@@ -107,7 +108,8 @@ class PromptEOLSup(PromptContrastiveModule):
             raise ConfigError(f"lora_r must be >= 1, got {lora_r}")
         if grad_cache_chunk_size is not None and grad_cache_chunk_size < 1:
             raise ConfigError(f"grad_cache_chunk_size must be null or >= 1, got {grad_cache_chunk_size}")
-        type(self).check_config({"matryoshka_dims": matryoshka_dims, "matryoshka_weights": matryoshka_weights})
+        type(self).check_config({"matryoshka_dims": matryoshka_dims, "matryoshka_weights": matryoshka_weights,
+                                 "adaptive_layers": adaptive_layers})
         templates = list(templates)
         if len(templates) != 1 or not isinstance(templates[0], str):
             raise ConfigError(f"PromptEOLSup trains with 1 template, got {templates!r}")
@@ -138,6 +140,7 @@ class PromptEOLSup(PromptContrastiveModule):
                                              self.max_length, padding_side)]
         self.pooler = LastTokenPooler(SELECTION_POOLER_NAME, layer=-1)
         self.matryoshka = self.build_matryoshka(matryoshka_dims, matryoshka_weights)
+        self.set_adaptive_layers(adaptive_layers)
         self.input_embedder = None
         self.template_bias_cache = None
 
@@ -176,9 +179,12 @@ class PromptEOLSup(PromptContrastiveModule):
     def pooled(self, sentences, builder: DecoderInputBuilder, pooler: Pooler) -> torch.Tensor:
         if isinstance(sentences, Mapping):
             raise ConfigError("PromptEOLSup reads raw sentences; set data.pretokenize=false")
-        batch = builder.collate(builder.build(list(sentences))).to(self.device)
-        out = run_decoder(self.transformer, batch, Needs(layers=(pooler.layer,)), builder.form)
-        return pooler(out)
+
+        def forward(layers: tuple[int, ...]):
+            batch = builder.collate(builder.build(list(sentences))).to(self.device)
+            return run_decoder(self.transformer, batch, Needs(layers=layers), builder.form)
+
+        return pooler(self.encoder_output((pooler.layer,), forward))
 
     # NLI triplets -> (anchors, positives, contradictions), as PromptBERT's supervised recipe reads them
     contrastive_views = PromptBERTSup.contrastive_views

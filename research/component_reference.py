@@ -51,7 +51,10 @@ def render() -> str:
              "Generated from the registries (`poolers/registry.py`, `postprocessing/registry.py`) and the",
              "classes' docstrings by `python -m promptemb.research.component_reference`; do not edit by hand. Each",
              "name is usable in `poolers=[...]` / `post=[...]`; `pooler_args.NAME.KEY=...` overrides a default. How",
-             "the poolers score on real models: docs/poolers.md and docs/results.md.", "", "## Poolers", "",
+             "the poolers score on real models: docs/poolers.md and docs/results.md. `NAME@LAYER` builds a pooler",
+             "that reads one layer at that hidden-state index (`mask@3`); evaluate.py's `layers=[...]` scores every",
+             "pooler on the model cut after each layer (`poolers/truncated.py`), `dims=[...]` at each width.", "",
+             "## Poolers", "",
              *table(POOLERS, POOLER_PAPERS), "", "## Post-processors", "",
              "Each is fitted on a named corpus (`fit_corpus`: T, W, stsb_train, file:PATH) and its label travels with",
              "every score it produced.", "", *table(POSTS, POST_PAPERS), ""]
