@@ -57,6 +57,16 @@ class OptunaSearch(Settings):
     params: dict  # key -> search space in Hydra's sweep syntax
 
 
+class StartsFrom(Settings):
+    """A pinned experiment that trains on from another's checkpoint: `make reproduce` runs `experiment` first and passes
+    its best checkpoint as `key` (e.g. `model.stage_one_adapter`)."""
+
+    described_as: ClassVar[str] = "expected_scores.starts_from"
+
+    experiment: str
+    key: str
+
+
 class ExpectedScores(Settings):
     """An experiment's pinned results (`make reproduce`, research/expected_scores.py)."""
 
@@ -64,6 +74,7 @@ class ExpectedScores(Settings):
 
     tolerance: float = 0.5
     scores: dict[str, float]
+    starts_from: StartsFrom | None = None
 
 
 class TrainSettings(CommandSettings):
@@ -144,6 +155,8 @@ class TrainSettings(CommandSettings):
         if isinstance(model.get("model_name_or_path"), str):
             check_model_source(model["model_name_or_path"])
         check_training_data(self.data, resolve_data_root(self.data_root))
+        if hasattr(recipe, "check_training_data"):  # what the recipe's loss needs from the data (e.g. gold scores)
+            recipe.check_training_data(self.data, resolve_data_root(self.data_root))
         check_writable_dir("output_dir", self.output_dir)
         if self.export_dir:
             check_writable_dir("export_dir", Path(self.export_dir).parent)
