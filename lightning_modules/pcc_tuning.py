@@ -49,29 +49,24 @@ from promptemb.encoder.template import SentenceRule
 from promptemb.lightning_modules.checkpoint import read_checkpoint
 from promptemb.lightning_modules.losses import gather_with_grad
 from promptemb.lightning_modules.pearson import PEARSON_VARIANTS, PearsonVariant, pearson_loss
-from promptemb.lightning_modules.prompteol import (
-    ADAPTER_RECORD,
-    PromptEOLSup,
-    read_adapter_checkpoint,
-    restore_adapter_module,
-)
+from promptemb.lightning_modules.prompteol import ADAPTER_RECORD, PromptEOLSup
+from promptemb.lightning_modules.recipe import RECORD_KEY, register_recipe
 from promptemb.poolers.decoder import PROMPTEOL
 
 #: PromptEOL's LoRA settings, for a run without a stage-one adapter (the paper's "Pcc-tuning alone")
 LORA_DEFAULTS = {"lora_r": 64, "lora_alpha": 16, "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"]}
-#: checkpoints whose adapter stage two continues: PromptEOL's last-token recipes
-STAGE_ONE_RECIPES = ("promptemb.lightning_modules.prompteol.PromptEOLSup",
-                     "promptemb.lightning_modules.pcc_tuning.PccTuning")
+#: the registered recipes whose checkpoints' adapter stage two continues: PromptEOL's last-token recipes
+STAGE_ONE_RECIPES = ("prompteol_sup", "pcc_tuning")
 SCORED_DATA = "data=sts_sick_pairs, data=stsb_pairs or data=sickr_pairs"
 
 
 def read_stage_one(path: str) -> dict:
     """A stage-one checkpoint (its header, memory-mapped): one line when it is not a PromptEOL adapter."""
     checkpoint = read_checkpoint(path, argument="model.stage_one_adapter")
-    recipe = str(checkpoint.get("promptemb_module", ""))
+    recipe = checkpoint.get(RECORD_KEY) if isinstance(checkpoint.get(RECORD_KEY), dict) else {}
     record = checkpoint.get(ADAPTER_RECORD)
-    if recipe not in STAGE_ONE_RECIPES or not isinstance(record, dict):
-        name = recipe.rsplit(".", 1)[-1] or "no recipe"
+    if recipe.get("name") not in STAGE_ONE_RECIPES or not isinstance(record, dict):
+        name = str(recipe.get("class") or "no recipe").rsplit(".", 1)[-1]
         raise DataError(f"model.stage_one_adapter={path} is a checkpoint of {name}; Pcc-tuning continues a PromptEOL "
                         "LoRA adapter: pass a checkpoint of experiment=prompteol_sup "
                         "(e.g. quickstart_prompteol_sup_smollm2's checkpoints/last.ckpt)")
@@ -100,6 +95,7 @@ def stage_one_settings(settings: dict, checkpoint: dict) -> dict[str, object]:
     return lora
 
 
+@register_recipe("pcc_tuning")
 class PccTuning(PromptEOLSup):
     """Pcc-tuning's second stage on a PromptEOL LoRA adapter (see the module docstring). `stage_one_adapter`: a
     checkpoint of PromptEOLSup (null: a fresh LoRA with `lora_*` or PromptEOL's defaults); `lora_*` null: stage
@@ -235,15 +231,12 @@ class PccTuning(PromptEOLSup):
     # -- checkpoints ----------------------------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """The adapter only (PromptEOLSup's record); the adapter is complete, so the rebuild does not read stage one:
-        its path and sha256 move to the adapter record."""
+        """The adapter only (PromptEOLSup's record); the adapter is complete, so the rebuild (PromptEOLSup's
+        `load_checkpoint`, on the base alone) does not read stage one: its path and sha256 move to the adapter record,
+        and the recorded arguments carry the LoRA settings resolved from it."""
         super().on_save_checkpoint(checkpoint)
         checkpoint[ADAPTER_RECORD]["stage_one_adapter"] = self.stage_one
+        lora = {key: self.hparams[key] for key in LORA_DEFAULTS}
+        checkpoint[RECORD_KEY]["arguments"] = {**checkpoint[RECORD_KEY]["arguments"], **lora,
+                                               "stage_one_adapter": None}
         checkpoint["hyper_parameters"] = {**checkpoint["hyper_parameters"], "stage_one_adapter": None}
-
-
-def load_adapter_checkpoint(path: str | Path, base_model: str | None = None) -> PccTuning:
-    """The module of a PccTuning checkpoint: its base model (recorded name, or `base_model`) with the trained adapter,
-    in eval mode. A base whose weights differ from the recorded hash is refused in one line."""
-    checkpoint, record, hparams = read_adapter_checkpoint(path, base_model, "PccTuning")
-    return restore_adapter_module(PccTuning, path, checkpoint, record, {**hparams, "stage_one_adapter": None})

@@ -6,8 +6,7 @@ An experiment file pins what the recipe gives on a CPU (`expected_scores: {toler
 score names are `best_dev` (the selected checkpoint's dev score) and `<family>/<pooler>/<task>` in the run's
 results.json (`sts/mask/avg` = the 7-task average of [MASK] pooling). Prints one table of expected vs measured and
 exits 1 when any score leaves its band (|measured - expected| > tolerance). `make reproduce` re-runs every recipe
-that pins scores and checks them this way (tests/research/test_reproduce.py); a second stage names its first
-(`starts_from: {experiment, key}`), which runs first and hands over its best checkpoint as `key`.
+that pins scores and checks them this way (tests/research/test_reproduce.py).
 """
 
 from __future__ import annotations

@@ -57,16 +57,6 @@ class OptunaSearch(Settings):
     params: dict  # key -> search space in Hydra's sweep syntax
 
 
-class StartsFrom(Settings):
-    """A pinned experiment that trains on from another's checkpoint: `make reproduce` runs `experiment` first and passes
-    its best checkpoint as `key` (e.g. `model.stage_one_adapter`)."""
-
-    described_as: ClassVar[str] = "expected_scores.starts_from"
-
-    experiment: str
-    key: str
-
-
 class ExpectedScores(Settings):
     """An experiment's pinned results (`make reproduce`, research/expected_scores.py)."""
 
@@ -74,7 +64,6 @@ class ExpectedScores(Settings):
 
     tolerance: float = 0.5
     scores: dict[str, float]
-    starts_from: StartsFrom | None = None
 
 
 class TrainSettings(CommandSettings):

@@ -18,9 +18,12 @@ import torch
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.scored_pairs import ScoredPairDataModule
-from promptemb.lightning_modules.pcc_tuning import PccTuning, load_adapter_checkpoint
+from promptemb.inference.prompt_encoder import PromptEncoder
+from promptemb.lightning_modules.checkpoint import load_module_checkpoint
+from promptemb.lightning_modules.pcc_tuning import PccTuning
 from promptemb.lightning_modules.pearson import pearson_loss
 from promptemb.lightning_modules.prompteol import ADAPTER_RECORD, PromptEOLSup, is_adapter_key
+from promptemb.lightning_modules.recipe import RECORD_KEY
 from tests.conftest import REPO
 from tests.helpers import assert_close_scaled, assert_one_line_error, assert_tensors_close
 from tests.pcc_tuning_official_references import load_tokenizer, lora_key, seed_lora, seed_weights, tiny_config
@@ -154,7 +157,8 @@ def test_settings_that_contradict_stage_one_are_refused_before_loading(settings,
 
 def test_a_stage_one_of_another_recipe_or_base_is_refused(reference_model, stage_one, tmp_path):
     checkpoint = torch.load(stage_one, weights_only=True)
-    checkpoint["promptemb_module"] = "promptemb.lightning_modules.llm2vec.LLM2VecContrastive"
+    checkpoint[RECORD_KEY] = {**checkpoint[RECORD_KEY], "name": "llm2vec_contrastive",
+                              "class": "promptemb.lightning_modules.llm2vec.LLM2VecContrastive"}
     torch.save(checkpoint, tmp_path / "l2v.ckpt")
     with pytest.raises(DataError, match="is a checkpoint of LLM2VecContrastive; Pcc-tuning continues a PromptEOL"):
         PccTuning(str(tmp_path / "never-read"), stage_one_adapter=str(tmp_path / "l2v.ckpt"))
@@ -222,17 +226,27 @@ def test_checkpoint_is_the_whole_adapter_rebuilt_on_the_base_alone(trained, stag
     module, path, _ = trained
     checkpoint = torch.load(path, weights_only=True)
     assert all(is_adapter_key(key) for key in checkpoint["state_dict"])
-    assert checkpoint["promptemb_module"] == "promptemb.lightning_modules.pcc_tuning.PccTuning"
+    record = checkpoint[RECORD_KEY]
+    assert (record["name"], record["class"]) == ("pcc_tuning", "promptemb.lightning_modules.pcc_tuning.PccTuning")
+    assert record["arguments"]["stage_one_adapter"] is None
     assert checkpoint["hyper_parameters"]["stage_one_adapter"] is None
+    assert record["arguments"]["lora_r"] == LORA["r"]  # stage one's settings, resolved: the rebuild never reads it
     assert checkpoint[ADAPTER_RECORD]["stage_one_adapter"]["path"] == str(stage_one.resolve())
     assert module.hparams.stage_one_adapter == str(stage_one.resolve())  # the live module keeps its own record
     stage_one.rename(stage_one.with_suffix(".moved"))  # the rebuild never reads stage one
     try:
-        reloaded = load_adapter_checkpoint(path)
+        loaded = load_module_checkpoint(path)
     finally:
         stage_one.with_suffix(".moved").rename(stage_one)
+    reloaded = loaded.module
+    assert loaded.recipe == "pcc_tuning" and isinstance(reloaded, PccTuning) and type(reloaded).adapter_only
     sentences = [a for a, _ in PAIRS]
     torch.testing.assert_close(reloaded.embed(sentences), module.embed(sentences), rtol=0, atol=0)
+    spec = reloaded.encoding_spec()  # what load_encoder and an export use: the evaluation's prompts, not training's
+    assert (spec.pooler, spec.sentence_rule, spec.adapter["base_weights_sha256"]) == (
+        "last_token", "prompteol", reloaded.base_weights_sha256)
+    encoded = PromptEncoder.from_checkpoint(path).encode(sentences, show_progress_bar=False)
+    assert_close_scaled(torch.as_tensor(encoded), module.embed(sentences), 1e-5)  # two batchings of one forward
     before = PccTuning(str(reference_model), stage_one_adapter=str(stage_one)).embed(sentences)
     assert not torch.allclose(before, module.embed(sentences))  # three steps moved the adapter
 

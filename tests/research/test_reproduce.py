@@ -11,7 +11,6 @@ import yaml
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.encoder.model_store import is_fetched, models_root
-from promptemb.inference.model_sources import best_checkpoint
 from promptemb.research import expected_scores
 from tests.conftest import REPO
 
@@ -24,19 +23,6 @@ def test_quickstart_pins_its_scores():
     assert pinned["tolerance"] == 0.5
     assert set(pinned["scores"]) >= {"best_dev", "sts/mask/avg"}
     assert {"quickstart_unsup", "quickstart_sup", "quickstart_optiprompt"} <= set(expected_scores.pinned_experiments())
-
-
-def test_second_stages_start_from_a_pinned_first_stage():
-    """A pinned second stage names a pinned experiment to run first, and the key its checkpoint goes to is one its
-    own config leaves to the command line (`???`)."""
-    staged = {name: expected_scores.pinned(name)["starts_from"] for name in expected_scores.pinned_experiments()
-              if expected_scores.pinned(name).get("starts_from")}
-    assert "quickstart_pcc_tuning_smollm2" in staged
-    for name, first in staged.items():
-        assert first["experiment"] in expected_scores.pinned_experiments()
-        recipe = yaml.safe_load((REPO / "configs" / "experiment" / f"{name}.yaml").read_text(encoding="utf-8"))
-        group, key = first["key"].split(".")
-        assert recipe[group][key] == "???"
 
 
 def test_compare_flags_exactly_the_scores_outside_the_band():
@@ -88,15 +74,8 @@ def test_cpu_recipe_reproduces_its_pinned_scores(experiment, real_data_root, tmp
     if name.startswith("model:") and not is_fetched(models_root() / name.removeprefix("model:")):
         pytest.skip(f"{name} is not fetched in {models_root()} (promptemb-models fetch {name.removeprefix('model:')})")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PROMPTEMB_DATA": str(real_data_root)}
-    starts_from = []  # a second stage: its first stage's run, whose best checkpoint it is given
-    if first := (recipe.get("expected_scores") or {}).get("starts_from"):
-        proc = subprocess.run([sys.executable, "train.py", f"experiment={first['experiment']}",
-                               f"output_dir={tmp_path / 'first'}"],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=3 * 3600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        starts_from = [f"{first['key']}={best_checkpoint(tmp_path / 'first')}"]
-    proc = subprocess.run([sys.executable, "train.py", f"experiment={experiment}", f"output_dir={tmp_path / 'run'}",
-                           *starts_from], cwd=REPO, env=env, capture_output=True, text=True, timeout=3 * 3600)
+    proc = subprocess.run([sys.executable, "train.py", f"experiment={experiment}", f"output_dir={tmp_path / 'run'}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=3 * 3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = expected_scores.check_run(experiment, tmp_path / "run")
     print(f"\n{experiment}:\n{expected_scores.table(rows)}")
