@@ -57,12 +57,14 @@ class CorpusSource:
     """What a corpus table is made from: the files in order, their format (`lines`: one sentence per non-blank line;
     `nli_csv`: SimCSE's sent0,sent1,hard_neg csv; `sick`: triplets built from SICK train; `stsb`, `sick_relatedness`:
     sentence pairs with a gold score, `training_corpora.SCORED_PAIR_READERS`), the held-out sentences
-    (None: nothing held out) and how many of the kept examples to keep."""
+    (None: nothing held out) and how many of the kept examples to keep. `formats`: scored-pair files of different
+    layouts read into one corpus (STS-B and SICK-R train), each path's own format (`format` is then the first)."""
 
     format: str
     paths: tuple[Path, ...]
     held_out: HeldOut | None = None
     max_examples: int | None = None
+    formats: tuple[str, ...] | None = None
 
     @property
     def slots(self) -> int:
@@ -85,7 +87,7 @@ class CorpusSource:
         return {"kind": "corpus", "corpus_format": CORPUS_FORMAT, "format": self.format,
                 "source_files": [{"bytes": path.stat().st_size, "sha256": sha256_file(path)} for path in self.paths],
                 "held_out_tasks": list(held.tasks) if held else [], "held_out_sha256": held.sha256 if held else None,
-                "max_examples": self.max_examples}
+                "max_examples": self.max_examples, **({"formats": list(self.formats)} if self.formats else {})}
 
     def examples(self, progress=None) -> Iterator:
         """Every example of the files, unfiltered, streamed (SICK train, a small file, is read whole to pair its
@@ -95,8 +97,9 @@ class CorpusSource:
         if self.format == "nli_csv":
             return (example for path in self.paths for example in iter_nli_csv(path, progress=progress))
         if self.format in SCORED_FORMATS:
-            return (example for path in self.paths
-                    for example in _read_whole(path, lambda p: scored_pairs(p, self.format), progress))
+            formats = self.formats or (self.format,) * len(self.paths)
+            return (example for path, fmt in zip(self.paths, formats, strict=True)
+                    for example in _read_whole(path, lambda p, fmt=fmt: scored_pairs(p, fmt), progress))
         return (example for path in self.paths for example in _read_whole(path, sick_triplets, progress))
 
 

@@ -146,3 +146,20 @@ def save_tiny_moe_decoder(directory: Path, family: str, **kwargs) -> Path:
     build_moe_decoder(family, len(tokenizer), **kwargs).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def save_prompteol_adapter(model_dir: Path, path: Path, *, seed: int = 0, **settings) -> Path:
+    """A PromptEOLSup checkpoint of `model_dir` as train.py writes it (the adapter only, the base's name and weights
+    hash), its LoRA B drawn from `seed` (peft starts it at 0): a stage-one adapter for Pcc-tuning."""
+    from promptemb.lightning_modules.prompteol import PromptEOLSup
+
+    module = PromptEOLSup(str(model_dir), **settings)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in sorted(module.named_parameters()):
+            if "lora_B" in name:
+                parameter.copy_(0.02 * torch.randn(parameter.shape, generator=generator).to(parameter.dtype))
+    checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams), "global_step": 1}
+    module.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+    return path

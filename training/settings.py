@@ -142,6 +142,8 @@ class TrainSettings(CommandSettings):
         if isinstance(model.get("model_name_or_path"), str):
             check_model_source(model["model_name_or_path"])
         check_training_data(self.data, resolve_data_root(self.data_root))
+        if hasattr(recipe, "check_training_data"):  # what the recipe's loss needs from the data (e.g. gold scores)
+            recipe.check_training_data(self.data, resolve_data_root(self.data_root))
         check_writable_dir("output_dir", self.output_dir)
         if self.export_dir:
             check_writable_dir("export_dir", Path(self.export_dir).parent)

@@ -25,9 +25,11 @@ from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
 RECIPES = ("angle", "dcpcse", "promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup", "llm2vec_mntp",
-           "llm2vec_contrastive")
+           "llm2vec_contrastive", "pcc_tuning")
 EXPERIMENTS_NAMING_THEIR_MODEL = ("quickstart_prompteol_sup", "quickstart_llm2vec_mntp", "quickstart_llm2vec_simcse",
                                   "quickstart_llm2vec_sup")
+#: Experiments that continue an adapter named on the command line (`model.stage_one_adapter=...`)
+EXPERIMENTS_NAMING_THEIR_ADAPTER = ("pcc_tuning", "quickstart_pcc_tuning_smollm2")
 #: Groups every option of which must compose with every recipe (experiment and hparams_search bring their own).
 TRAIN_GROUPS = ("backbone", "template", "optimizer", "scheduler", "data", "trainer", "callbacks", "logger", "paths",
                 "hydra", "extras", "debug")
@@ -101,6 +103,7 @@ def test_every_option_composes_with_every_recipe_or_is_refused_in_one_line(recip
 def test_every_experiment_composes_alone_and_with_each_search(name, search):
     # the CPU decoder recipe trains a decoder named on the command line (a tiny one in the tests)
     model = ["backbone.name_or_path=/tiny/decoder"] if name in EXPERIMENTS_NAMING_THEIR_MODEL else []
+    model += ["model.stage_one_adapter=/stage_one.ckpt"] if name in EXPERIMENTS_NAMING_THEIR_ADAPTER else []
     cfg = compose_config("train", [f"experiment={name}", *([f"hparams_search={search}"] if search else []), *model])
     del cfg.hydra
     check_train_composition(resolved(cfg))

@@ -23,7 +23,7 @@ from promptemb.common.device_profile import REHEARSE_CUDA, matmul_precision, pre
 from promptemb.training import trainer as trainer_module
 from promptemb.training.command_line import experiment_names
 from promptemb.training.runner import train
-from tests.decoder_helpers import save_tiny_decoder
+from tests.decoder_helpers import save_prompteol_adapter, save_tiny_decoder
 from tests.training.test_cuda_surface import HOPPER, TF32_ON, cuda_device_queries, legacy_views
 from tests.training.test_train import WIKI_SAMPLE, checked, compose_train
 
@@ -90,6 +90,15 @@ def tiny_llama(tmp_path_factory):
     return save_tiny_decoder(tmp_path_factory.mktemp("tiny_llama"), "llama", layers=2, hidden=32)
 
 
+@pytest.fixture(scope="module")
+def stage_one(tiny_llama, tmp_path_factory):
+    """Stage-one adapters of the tiny LLaMA for Pcc-tuning, one per base dtype (the adapter belongs to its base as
+    loaded)."""
+    folder = tmp_path_factory.mktemp("stage_one")
+    return {dtype: save_prompteol_adapter(tiny_llama, folder / f"{dtype}.ckpt", dtype=dtype, lora_r=4)
+            for dtype in ("float32", "bfloat16")}
+
+
 @pytest.fixture()
 def triplets_csv(tmp_path):
     rows = [("a man plays a guitar", "a person plays music", "nobody plays anything"),
@@ -101,8 +110,9 @@ def triplets_csv(tmp_path):
     return path
 
 
-def gpu_command(name: str, backbone, data_root, out, triplets) -> list[str]:
-    """The experiment's GPU command with the overrides this test may make: backbone, data, batch size, folders."""
+def gpu_command(name: str, backbone, data_root, out, triplets, stage_one) -> list[str]:
+    """The experiment's GPU command with the overrides this test may make: backbone, data, batch size, folders, the
+    adapter a second stage starts from."""
     command = [f"experiment={name}", "trainer=gpu"]
     cfg = compose_train(command)
     overrides = [*command, f"backbone.name_or_path={backbone}", f"data_root={data_root}", f"output_dir={out}",
@@ -111,12 +121,14 @@ def gpu_command(name: str, backbone, data_root, out, triplets) -> list[str]:
         overrides += ["data.download=null", f"data.files=[{WIKI_SAMPLE}]", f"data.max_examples={4 * BATCH}"]
     elif cfg.data.format == "nli_csv":
         overrides += ["data.download=null", f"data.file={triplets}"]
+    if "stage_one_adapter" in cfg.model:
+        overrides.append(f"model.stage_one_adapter={stage_one[cfg.model.dtype]}")
     return overrides
 
 
 def family_backbone(name: str, tiny_bert, tiny_roberta, tiny_llama, tiny_mpnet):
     """A tiny random model of the recipe's architecture family."""
-    if "prompteol" in name or "llm2vec" in name:
+    if "prompteol" in name or "llm2vec" in name or "pcc" in name:
         return tiny_llama
     if "mpnet" in name:
         return tiny_mpnet
@@ -125,9 +137,9 @@ def family_backbone(name: str, tiny_bert, tiny_roberta, tiny_llama, tiny_mpnet):
 
 @pytest.mark.parametrize("name", experiment_names())
 def test_every_experiment_trains_with_the_cuda_profile(name, probe, tiny_bert, tiny_roberta, tiny_llama, tiny_mpnet,
-                                                       real_data_root, tmp_path, triplets_csv):
+                                                       real_data_root, tmp_path, triplets_csv, stage_one):
     backbone = family_backbone(name, tiny_bert, tiny_roberta, tiny_llama, tiny_mpnet)
-    cfg = compose_train(gpu_command(name, backbone, real_data_root, tmp_path / "out", triplets_csv))
+    cfg = compose_train(gpu_command(name, backbone, real_data_root, tmp_path / "out", triplets_csv, stage_one))
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
     trainer = train(checked(cfg))
     assert trainer.state.finished and trainer.global_step == STEPS

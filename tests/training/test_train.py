@@ -62,7 +62,7 @@ def tiny_overrides(name, tiny_bert, root, out, nli_csv):
 
 def test_experiment_list():
     assert experiment_names() == ["angle_nli", "angle_stsb", "dcpcse_sup", "dcpcse_unsup", "llm2vec_mntp",
-                                  "llm2vec_simcse", "llm2vec_sup", "optiprompt", "optiprompt_roberta",
+                                  "llm2vec_simcse", "llm2vec_sup", "optiprompt", "optiprompt_roberta", "pcc_tuning",
                                   "promptbert_sup", "promptbert_sup_roberta", "promptbert_unsup",
                                   "promptbert_unsup_roberta", "prompteol_sup", "quickstart_angle",
                                   "quickstart_angle_triplets", "quickstart_dcpcse_sup",
@@ -70,13 +70,15 @@ def test_experiment_list():
                                   "quickstart_llm2vec_mntp_smollm2", "quickstart_llm2vec_simcse",
                                   "quickstart_llm2vec_simcse_smollm2", "quickstart_llm2vec_sup",
                                   "quickstart_llm2vec_sup_smollm2", "quickstart_optiprompt",
-                                  "quickstart_prompteol_sup", "quickstart_prompteol_sup_smollm2", "quickstart_sup",
+                                  "quickstart_pcc_tuning_smollm2", "quickstart_prompteol_sup",
+                                  "quickstart_prompteol_sup_smollm2", "quickstart_sup",
                                   "quickstart_sup_mpnet", "quickstart_unsup", "quickstart_unsup_mpnet"]
 
 
 #: Recipes that fine-tune a decoder (a causal LM) do not run on the tiny BERT:
-#: tests/lightning_modules/test_prompteol_sup.py and test_llm2vec.py run them on a tiny LLaMA.
+#: tests/lightning_modules/test_prompteol_sup.py, test_llm2vec.py and test_pcc_tuning.py run them on a tiny LLaMA.
 DECODER_EXPERIMENTS = ("prompteol_sup", "quickstart_prompteol_sup", "quickstart_prompteol_sup_smollm2",
+                       "pcc_tuning", "quickstart_pcc_tuning_smollm2",
                        "llm2vec_mntp", "quickstart_llm2vec_mntp", "llm2vec_simcse", "quickstart_llm2vec_simcse",
                        "llm2vec_sup", "quickstart_llm2vec_sup", "quickstart_llm2vec_mntp_smollm2",
                        "quickstart_llm2vec_simcse_smollm2", "quickstart_llm2vec_sup_smollm2")
