@@ -22,7 +22,7 @@ from promptemb.common.bounds import AtLeastOne, Positive, TokenLimit
 from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import ConfigError, DivergenceError
 from promptemb.data.pretokenized import SentenceTokenization
-from promptemb.encoder.folded_forward import bias_rows_needed, plan_bias_rows, training_forward
+from promptemb.encoder.folded_forward import BiasRows, bias_rows_needed, plan_bias_rows, training_forward
 from promptemb.encoder.forward import concat_batches, max_input_length, position_base, template_biases
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
 from promptemb.encoder.loading import load_pretrained
@@ -291,11 +291,8 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
         merged = concat_batches(batches, self.tokenizer.pad_token_id, width=self.padded_width(batches, builders))
         bias_rows = None
         if needs.template_bias and self.template_bias_cache is None:
-            width = merged.input_ids.shape[1]
-            bias_rows = plan_bias_rows(
-                builders, [self._host_lengths(batch) for batch in batches], width, position_base(self.transformer),
-                self.tokenizer.pad_token_id, self.device,
-                rows=bias_rows_needed(builders, width) if self.length_buckets else None)
+            bias_rows = self.plan_template_bias(builders, [self._host_lengths(batch) for batch in batches],
+                                                merged.input_ids.shape[1])
         out = training_forward(self.transformer, merged, needs.layers, bias_rows=bias_rows,
                                input_embedder=self.input_embedder, freeze_bias=self.hparams.freeze_bias,
                                call=self.training_call)
@@ -305,6 +302,13 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
                 lambda b, n: self.compute_template_biases(b, n, needs.layers), builders, lengths)
             out.template_bias = {layer: torch.cat([bias[layer] for bias in biases]) for layer in biases[0]}
         return list(pooler(out).split([batch.input_ids.shape[0] for batch in batches]))
+
+    def plan_template_bias(self, builders: list[InputBuilder], lengths: list[torch.Tensor], width: int) -> BiasRows:
+        """The template-denoising rows that ride along in the training forward (encoder/folded_forward.py):
+        PromptBERT's template alone, positions after the prefix shifted by n. A recipe that denoises with another
+        bias overrides this (and `compute_template_biases`, the same bias under gradient caching)."""
+        return plan_bias_rows(builders, lengths, width, position_base(self.transformer), self.tokenizer.pad_token_id,
+                              self.device, rows=bias_rows_needed(builders, width) if self.length_buckets else None)
 
     @staticmethod
     def _host_lengths(batch: Batch) -> torch.Tensor:
