@@ -238,3 +238,21 @@ def test_template_without_two_masks_is_refused_by_train_py(tmp_path):
     assert_one_line_error(proc, r"^error: CoTBERT needs exactly 2 \[MASK\]s in each template \(the first "
                                 r"comprehends, the second is pooled\); 'This sentence of \"\[X\]\" means \[MASK\] \.' "
                                 r"has 1", out)
+
+
+@pytest.mark.parametrize("which, expected", [(None, [[1.5, 3.5], [5.0, 6.0]]), (0, [[1.0, 3.0], [5.0, 6.0]]),
+                                             (-1, [[2.0, 4.0], [5.0, 6.0]]), (1, [[2.0, 4.0], [0.0, 0.0]])])
+def test_which_mask_pools_one_mask_of_each_row(which, expected):
+    """`which_mask`: the k-th [MASK] of each row (negative: from its last), or the mean of all (None); a row
+    without a k-th [MASK] pools nothing (the templates are checked to have two)."""
+    from promptemb.encoder.outputs import EncoderOutput
+    from promptemb.poolers.mask import MaskPooler
+
+    states = torch.tensor([[[9.0, 9.0], [1.0, 3.0], [7.0, 7.0], [2.0, 4.0]],
+                           [[9.0, 9.0], [8.0, 8.0], [5.0, 6.0], [0.0, 0.0]]])
+    mask = torch.tensor([[False, True, False, True], [False, False, True, False]])
+    out = EncoderOutput(num_layers=1, input_ids=torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 4),
+                        roles=torch.zeros(2, 4, dtype=torch.long), mask_token=mask, hidden_states={1: states})
+    pooler = MaskPooler("mask", which_mask=which)
+    assert torch.equal(pooler(out), torch.tensor(expected))
+    assert pooler.describe().get("which_mask") == which
