@@ -25,8 +25,7 @@ from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
 RECIPES = ("angle", "cotbert_unsup", "dcpcse", "promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup",
-           "llm2vec_mntp",
-           "llm2vec_contrastive")
+           "llm2vec_mntp", "llm2vec_contrastive")
 EXPERIMENTS_NAMING_THEIR_MODEL = ("quickstart_prompteol_sup", "quickstart_llm2vec_mntp", "quickstart_llm2vec_simcse",
                                   "quickstart_llm2vec_sup")
 #: Groups every option of which must compose with every recipe (experiment and hparams_search bring their own).
