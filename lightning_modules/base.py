@@ -238,6 +238,7 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
             denoise=(primary.denoise if denoise is None else denoise) if mask else bool(denoise),
             head=getattr(primary, "head", None) if kind in ("mask", "cls") else None,
             head_after_denoise=getattr(primary, "head_after_denoise", False),
+            which_mask=getattr(primary, "which_mask", None) if mask else None,
             soft_template=getattr(self, "soft_template", None), max_length=self.max_length)
 
     # -- representations ------------------------------------------------------------------------------------------

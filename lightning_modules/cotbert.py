@@ -29,6 +29,7 @@ Kept as the official code does it (each with its clean variant):
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,7 @@ from promptemb.encoder.template import MASK_SLOT, SentenceRule, Template
 from promptemb.lightning_modules.base import PromptContrastiveModule
 from promptemb.lightning_modules.heads import MLPHead
 from promptemb.lightning_modules.losses import gather_with_grad
+from promptemb.lightning_modules.recipe import register_recipe
 from promptemb.poolers import build_pooler
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.mask import MaskPooler
@@ -74,6 +76,7 @@ def cotbert_loss(anchors: torch.Tensor, positives: torch.Tensor, negatives: torc
         return torch.stack(losses).mean()
 
 
+@register_recipe("cotbert_unsup")
 class CoTBERT(PromptContrastiveModule):
     """Two positive templates (template.text, template.second_text) and a negative one (`negative_template`), the
     second [MASK] of each denoised with the [PAD]-filled template (training only), an MLP (training only) and the
@@ -156,3 +159,13 @@ class CoTBERT(PromptContrastiveModule):
 
     def eval_poolers(self) -> list[Pooler]:
         return [MaskPooler("mask", which_mask=POOLED_MASK), build_pooler("avg")]
+
+    @classmethod
+    def check_encoding_options(cls, path: Path, hyper_parameters: dict, *, pooler: str | None = None,
+                               denoise: bool | None = None, adapter: str | None = None) -> None:
+        """Encoded as evaluated (`encoding_spec`: the second [MASK], undenoised); denoising is refused: CoT-BERT's bias
+        is the [PAD]-filled template's, which the inference encoders do not compute."""
+        super().check_encoding_options(path, hyper_parameters, pooler=pooler, denoise=denoise, adapter=adapter)
+        if denoise:
+            raise ConfigError(f"{path} is a CoTBERT checkpoint: it denoises in training only (with the [PAD]-filled "
+                              "template, which inference does not compute); drop denoise=")

@@ -256,3 +256,42 @@ def test_which_mask_pools_one_mask_of_each_row(which, expected):
     pooler = MaskPooler("mask", which_mask=which)
     assert torch.equal(pooler(out), torch.tensor(expected))
     assert pooler.describe().get("which_mask") == which
+
+
+def test_a_checkpoint_rebuilds_and_encodes_its_second_mask_everywhere(tiny_bert, tmp_path):
+    """A checkpoint of the registered recipe rebuilds from its recorded constructor arguments (the base class's
+    `load_checkpoint`), and every inference path encodes as evaluation scores it, the second [MASK] undenoised (not
+    the mean of the two): `load_encoder` on the checkpoint, its export read back, and the export's
+    sentence-transformers module; the export records which [MASK]; denoise= is refused before anything loads."""
+    from promptemb.exporting.runner import export_checkpoint
+    from promptemb.inference import load_encoder
+    from promptemb.lightning_modules.checkpoint import load_module_checkpoint
+    from promptemb.poolers.mask import MaskPooler
+    from tests.exporting.test_export import (
+        SENTENCES,
+        assert_same_embeddings,
+        framework_embeddings,
+        sentence_transformer,
+    )
+
+    torch.manual_seed(0)
+    module = CoTBERT(str(tiny_bert), loss_groups=2, sentence_rule="promptbert")
+    checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams), "global_step": 0}
+    module.on_save_checkpoint(checkpoint)
+    assert checkpoint["promptemb_recipe"]["name"] == "cotbert_unsup"
+    torch.save(checkpoint, ckpt := tmp_path / "cotbert.ckpt")
+    loaded = load_module_checkpoint(ckpt).module
+    assert type(loaded) is CoTBERT and loaded.hparams.loss_groups == 2
+    reference = framework_embeddings(loaded, SENTENCES)
+    both = loaded.evaluation_encoder(batch_size=3).embed(SENTENCES, [MaskPooler("mask")], loaded.eval_template,
+                                                         "promptbert")["mask"]
+    assert not np.allclose(reference, both, atol=1e-3)  # which [MASK] is pooled shows in the embeddings
+    out = export_checkpoint(ckpt, tmp_path / "export")
+    assert json.loads((out / "config.json").read_text())["promptemb"]["pooler"]["which_mask"] == -1
+    assert "[MASK] number -1" in (out / "README.md").read_text()
+    for got in (load_encoder(ckpt).encode(SENTENCES), load_encoder(out).encode(SENTENCES),
+                sentence_transformer(out).encode(SENTENCES, batch_size=4, convert_to_numpy=True)):
+        assert_same_embeddings(got, reference)
+    with pytest.raises(ConfigError, match=r"is a CoTBERT checkpoint: it denoises in training only .*drop denoise=$"):
+        export_checkpoint(ckpt, tmp_path / "denoised", denoise=True)
+    assert not (tmp_path / "denoised").exists()
