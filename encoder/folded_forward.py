@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from promptemb.encoder.forward import InputEmbedder, position_base, relative_positions_from_ids
-from promptemb.encoder.inputs import PAD, SPECIAL, TEMPLATE, Batch, InputBuilder
+from promptemb.encoder.inputs import PAD, SENTENCE, SPECIAL, TEMPLATE, Batch, InputBuilder
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 
 
@@ -107,6 +107,63 @@ def plan_bias_rows(builders: Sequence[InputBuilder], host_lengths: Sequence[torc
         weight[:, : len(masks)] = 1
         mask_weight.append(weight)
         row_start += count
+        segment_start += len(distinct)
+    pieces = [*(np.concatenate(grid) for grid in grids), np.concatenate(mask_index), np.concatenate(mask_weight),
+              np.concatenate(row_segment)]
+    moved = _to_device(np.concatenate([piece.reshape(-1) for piece in pieces]), device)
+    return BiasRows(*(part.view(piece.shape)
+                      for part, piece in zip(moved.split([piece.size for piece in pieces]), pieces, strict=True)))
+
+
+def plan_pad_bias_rows(builders: Sequence[InputBuilder], host_lengths: Sequence[torch.Tensor], width: int,
+                       padding_idx: int | None, pad_id: int, device: torch.device, mask: int | None = None,
+                       rows: Sequence[int] | None = None) -> BiasRows:
+    """CoT-BERT's template denoising rows: for each view's distinct sentence length n (`host_lengths`, as
+    `plan_bias_rows`), the template with n [PAD] tokens in the sentence's place, `[CLS] prefix [PAD]*n suffix [SEP]`,
+    every token attended (the [PAD]s too), one segment to a row. Position ids are the model's own for such a row
+    (ZBWpro/CoT-BERT passes none): consecutive from 0, or, for embeddings that number positions from the ids
+    (`padding_idx`: RoBERTa, MPNet), `padding_idx` on the [PAD]s and padding_idx + 1, 2, ... on the other tokens, so
+    there the suffix is not shifted by n. `mask`: which of the template's [MASK]s gives the bias (0 the first, -1 the
+    last; None: their mean). `rows`: pad each view's rows to this count with more segments of length 0."""
+    layouts = [_segment_layout(builder) for builder in builders]
+    chosen = [masks if mask is None else masks[[mask]] for *_, masks in layouts]
+    most_masks = max(len(masks) for masks in chosen)
+    grids: list[list[np.ndarray]] = [[], [], [], []]  # ids, positions, roles, segments
+    mask_index, mask_weight, row_segment = [], [], []
+    row_start = segment_start = 0
+    for view, ((ids, _, shifted, roles, _), masks, lengths) in enumerate(zip(layouts, chosen, host_lengths,
+                                                                             strict=True)):
+        distinct, inverse = np.unique(np.asarray(lengths, dtype=np.int64), return_inverse=True)
+        row_segment.append(segment_start + inverse.reshape(-1))
+        if rows is not None:
+            if len(distinct) > rows[view]:
+                raise ValueError(f"view {view}: {len(distinct)} lengths need {len(distinct)} bias rows, planned "
+                                 f"{rows[view]}")
+            distinct = np.concatenate([distinct, np.zeros(rows[view] - len(distinct), dtype=np.int64)])
+        split = int(np.argmax(shifted))  # the suffix's first column in the template alone
+        part_ids = np.full((len(distinct), width), pad_id, dtype=np.int64)
+        part_roles = np.full((len(distinct), width), PAD, dtype=np.int64)
+        part_segments = np.full((len(distinct), width), -1, dtype=np.int64)
+        for row, n in enumerate(distinct):
+            filled = np.concatenate([ids[:split], np.full(n, pad_id, dtype=np.int64), ids[split:]])
+            part_ids[row, : len(filled)] = filled
+            part_roles[row, : len(filled)] = np.concatenate([roles[:split], np.full(n, SENTENCE), roles[split:]])
+            part_segments[row, : len(filled)] = 0
+        inside = part_segments == 0
+        if padding_idx is None:
+            positions = np.where(inside, np.arange(width), 0)
+        else:
+            counted = inside & (part_ids != padding_idx)
+            positions = np.where(counted, np.cumsum(counted, axis=1) + padding_idx, np.where(inside, padding_idx, 0))
+        for grid, part in zip(grids, (part_ids, positions, part_roles, part_segments), strict=True):
+            grid.append(part)
+        columns = masks[None, :] + np.where(masks[None, :] >= split, distinct[:, None], 0)
+        flat = (row_start + np.arange(len(distinct)))[:, None] * width + columns
+        mask_index.append(np.concatenate([flat, np.repeat(flat[:, :1], most_masks - len(masks), axis=1)], axis=1))
+        weight = np.zeros((len(distinct), most_masks), dtype=np.int64)
+        weight[:, : len(masks)] = 1
+        mask_weight.append(weight)
+        row_start += len(distinct)
         segment_start += len(distinct)
     pieces = [*(np.concatenate(grid) for grid in grids), np.concatenate(mask_index), np.concatenate(mask_weight),
               np.concatenate(row_segment)]

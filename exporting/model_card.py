@@ -20,6 +20,8 @@ def describe_pooler(record: dict) -> str:
         text = f"`cls`: layer {pooler['layer']} state at [CLS], the model attending over its deep prompts (DCPCSE)"
         return text + (", through the trained head tanh(W x + b)" if pooler["head"] else "")
     text = f"`mask`: layer {pooler['layer']} state at the template's [MASK]"
+    if pooler.get("which_mask") is not None:
+        text += f" number {pooler['which_mask']} (0 the first, -1 the last)"
     if pooler["head"] and pooler["head"].get("after_denoise"):
         return text + (", minus the template bias (template denoising: the [MASK] state of the template alone with "
                        "positions shifted by the sentence length), through the trained head tanh(W x + b)")

@@ -11,7 +11,8 @@ only torch, transformers and sentence-transformers. It re-implements, minimally,
                                sentence rules, [MASK] positions found by offset (never by token search);
 * encoder/forward.py           template bias for denoising: [MASK] state of `[CLS] prefix suffix [SEP]` with the
                                position ids after the prefix shifted by the sentence length n;
-* poolers/mask.py, mean.py     [MASK] mean (optionally through the MLM-transform head, minus the bias) and `avg`;
+* poolers/mask.py, mean.py     [MASK] mean or one [MASK] (`which_mask`; optionally through the MLM-transform head,
+                               minus the bias) and `avg`;
 * lightning_modules/soft_template.py   OptiPrompt's soft template written into `inputs_embeds`;
 * lightning_modules/deep_prompt.py     DCPCSE's prefixes: keys/values in front of every layer's self-attention (its
                                `cache` argument), the 4D mask extended, the tokens' positions started after them;
@@ -139,6 +140,7 @@ class PromptEncoderModule(InputModule):
         self.max_sentence_tokens = int(record["max_sentence_tokens"])
         pooler = record["pooler"]
         self.pooler_name, self.layer, self.denoise = pooler["name"], int(pooler["layer"]), bool(pooler["denoise"])
+        self.which_mask = pooler.get("which_mask")
         hidden = self.model.config.hidden_size
         self.head, self.head_after_denoise = None, False
         if pooler.get("head") and self.pooler_name in ("mask", "cls"):
@@ -425,6 +427,14 @@ class PromptEncoderModule(InputModule):
         bias = self.masked_mean(states, template & (input_ids == self.tokenizer.mask_token_id))
         return bias[inverse]
 
+    def pooled_masks(self, mask_token: torch.Tensor) -> torch.Tensor:
+        """poolers/mask.py `which_mask`: every [MASK] of a row, or only its `which_mask`-th (-1 the last)."""
+        if self.which_mask is None:
+            return mask_token
+        rank = mask_token.long().cumsum(1)
+        wanted = self.which_mask + 1 if self.which_mask >= 0 else rank[:, -1:] + self.which_mask + 1
+        return mask_token & (rank == wanted)
+
     def forward(self, features: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
         if self.decoder:
             return self.decoder_forward(features)
@@ -437,7 +447,8 @@ class PromptEncoderModule(InputModule):
         elif self.pooler_name == "cls":
             embedding = states[:, 0] if self.head is None else self.head(states[:, 0])
         else:
-            embedding = self.masked_mean(states, template & (input_ids == self.tokenizer.mask_token_id))
+            masks = self.pooled_masks(template & (input_ids == self.tokenizer.mask_token_id))
+            embedding = self.masked_mean(states, masks)
             head = self.head if self.head is not None else nn.Identity()
             if not self.denoise:
                 embedding = head(embedding)

@@ -105,6 +105,7 @@ class PromptEncoder:
         denoise: bool = False,
         head: torch.nn.Module | None = None,
         head_after_denoise: bool = False,
+        which_mask: int | None = None,
         soft_template: SoftTemplate | None = None,
         deep_prompt: DeepPrompt | None = None,
         max_length: int | None = None,
@@ -136,6 +137,10 @@ class PromptEncoder:
         self.pooler_name = pooler
         self.layer, self.denoise, self.head = layer, bool(denoise) and pooler == "mask", head
         self.head_after_denoise = head_after_denoise
+        self.which_mask = which_mask if pooler == "mask" else None
+        if self.which_mask is not None and self.denoise:
+            raise ConfigError("pooler=mask pooling one [MASK] of several (which_mask) cannot be denoised: the template "
+                              "bias at inference is the mean over the template's [MASK]s; drop denoise")
         self.soft_template = soft_template
         self.source = dict(source or {})
         self.adapter = adapter
@@ -165,7 +170,7 @@ class PromptEncoder:
             self.pooler = CLSPooler("cls", layer, head=head)
         elif pooler == "mask":
             self.pooler = MaskPooler("mask", layer=layer, denoise=self.denoise, head=head,
-                                             head_after_denoise=head_after_denoise)
+                                             head_after_denoise=head_after_denoise, which_mask=self.which_mask)
         elif pooler == "avg":
             self.pooler = MeanPooler("avg", layers=(layer,), templated=True)
         else:
@@ -272,6 +277,7 @@ class PromptEncoder:
                     "activation": getattr(config, "hidden_act", "gelu"),
                     "layer_norm_eps": float(getattr(config, "layer_norm_eps", 1e-12)),
                 },
+                **({} if self.which_mask is None else {"which_mask": self.which_mask}),
             },
             "soft_template": None if self.soft_template is None else {"file": SOFT_TEMPLATE_FILE,
                                                                       "size": len(self.soft_template.vectors)},
@@ -420,7 +426,7 @@ class PromptEncoder:
         deep = DeepPrompt.load(directory).to(device).eval() if record.get("deep_prompt") else None
         encoder = cls(transformer, tokenizer, template=record["template"], sentence_rule=record["sentence_rule"],
                       pooler=pooler or spec["name"], layer=spec["layer"], denoise=spec["denoise"], head=head,
-                      head_after_denoise=head_after_denoise,
+                      head_after_denoise=head_after_denoise, which_mask=spec.get("which_mask"),
                       soft_template=soft, deep_prompt=deep, max_length=record["max_length"],
                       max_sentence_tokens=record["max_sentence_tokens"], batch_size=batch_size,
                       source={**record.get("source", {}), "export_dir": str(directory.resolve()), **verification})

@@ -23,7 +23,7 @@ from promptemb.common.bounds import AtLeastOne, Positive, TokenLimit
 from promptemb.common.device_profile import profile_of
 from promptemb.common.errors import ConfigError, DivergenceError
 from promptemb.data.pretokenized import SentenceTokenization
-from promptemb.encoder.folded_forward import bias_rows_needed, plan_bias_rows, training_forward
+from promptemb.encoder.folded_forward import BiasRows, bias_rows_needed, plan_bias_rows, training_forward
 from promptemb.encoder.forward import concat_batches, max_input_length, position_base, template_biases
 from promptemb.encoder.inputs import Batch, InputBuilder, InputForm, collate
 from promptemb.encoder.loading import load_pretrained
@@ -267,6 +267,7 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
             denoise=(primary.denoise if denoise is None else denoise) if mask else bool(denoise),
             head=getattr(primary, "head", None) if kind in ("mask", "cls") else None,
             head_after_denoise=getattr(primary, "head_after_denoise", False),
+            which_mask=getattr(primary, "which_mask", None) if mask else None,
             soft_template=getattr(self, "soft_template", None), max_length=self.max_length)
 
     # -- representations ------------------------------------------------------------------------------------------
@@ -317,16 +318,12 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
             if id(builder) not in built:
                 built[id(builder)] = self.view_batch(sentences, builder)
         batches = [built[id(builder)] for builder in builders]
-
         def forward(layers: tuple[int, ...]):
             merged = concat_batches(batches, self.tokenizer.pad_token_id, width=self.padded_width(batches, builders))
             bias_rows = None
             if needs.template_bias and self.template_bias_cache is None:
-                width = merged.input_ids.shape[1]
-                bias_rows = plan_bias_rows(
-                    builders, [self._host_lengths(batch) for batch in batches], width, position_base(self.transformer),
-                    self.tokenizer.pad_token_id, self.device,
-                    rows=bias_rows_needed(builders, width) if self.length_buckets else None)
+                bias_rows = self.plan_template_bias(builders, [self._host_lengths(batch) for batch in batches],
+                                                    merged.input_ids.shape[1])
             out = training_forward(self.transformer, merged, layers, bias_rows=bias_rows,
                                    input_embedder=self.input_embedder, freeze_bias=self.hparams.freeze_bias,
                                    call=self.training_call)
@@ -344,6 +341,13 @@ class PromptContrastiveModule(RecipeConstruction, pl.LightningModule):
         """`forward(layers)`, the `EncoderOutput` of the states a pooler reads (`layers`); while the views of a step
         are computed at several depths (adaptive layers), the depth pass's: one forward, re-pooled at each depth."""
         return forward(layers) if self.depth_pass is None else self.depth_pass.output(layers, forward)
+
+    def plan_template_bias(self, builders: list[InputBuilder], lengths: list[torch.Tensor], width: int) -> BiasRows:
+        """The template-denoising rows that ride along in the training forward (encoder/folded_forward.py):
+        PromptBERT's template alone, positions after the prefix shifted by n. A recipe that denoises with another
+        bias overrides this (and `compute_template_biases`, the same bias under gradient caching)."""
+        return plan_bias_rows(builders, lengths, width, position_base(self.transformer), self.tokenizer.pad_token_id,
+                              self.device, rows=bias_rows_needed(builders, width) if self.length_buckets else None)
 
     @staticmethod
     def _host_lengths(batch: Batch) -> torch.Tensor:

@@ -140,6 +140,7 @@ class EncodingSpec:
     denoise: bool = False
     head: torch.nn.Module | None = None
     head_after_denoise: bool = False
+    which_mask: int | None = None  # pooler mask: the k-th [MASK] of the template (-1 the last); None: their mean
     soft_template: torch.nn.Module | None = None
     deep_prompt: torch.nn.Module | None = None
     max_length: int | None = None

@@ -36,7 +36,8 @@ WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 #: Recipe settings (hyper-parameters of the module) that decide what the model is fed.
-INPUT_SETTINGS = ("templates", "template", "eval_template", "sentence_rule", "max_sentence_tokens")
+INPUT_SETTINGS = ("templates", "template", "eval_template", "sentence_rule", "max_sentence_tokens", "negative_template",
+                  "train_sentence_rule")
 #: Datamodule settings that decide which examples are read and in which order.
 SELECTION_SETTINGS = ("format", "max_examples", "held_out_tasks")
 SAMPLER_SETTINGS = ("seed", "group_by_length", "distinct_in_batch")

@@ -24,8 +24,8 @@ from promptemb.training.settings import TrainSettings
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
-RECIPES = ("angle", "dcpcse", "promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup", "llm2vec_mntp",
-           "llm2vec_contrastive", "pcc_tuning")
+RECIPES = ("angle", "cotbert_unsup", "dcpcse", "promptbert_unsup", "promptbert_sup", "optiprompt", "prompteol_sup",
+           "llm2vec_mntp", "llm2vec_contrastive", "pcc_tuning")
 EXPERIMENTS_NAMING_THEIR_MODEL = ("quickstart_prompteol_sup", "quickstart_llm2vec_mntp", "quickstart_llm2vec_simcse",
                                   "quickstart_llm2vec_sup")
 #: Experiments that continue an adapter named on the command line (`model.stage_one_adapter=...`)
@@ -86,7 +86,8 @@ def test_every_option_composes_with_every_recipe_or_is_refused_in_one_line(recip
     cfg = compose_config("train", [f"model={recipe}", f"{group}={option}", *named])
     assert cfg.hydra.runtime.choices[group] == option and cfg.hydra.runtime.choices.model == recipe
     del cfg.hydra  # what the task sees
-    wanted_views = {"promptbert_unsup": 2, "dcpcse": 0, "llm2vec_mntp": 0, "llm2vec_contrastive": 0}.get(recipe, 1)
+    wanted_views = {"promptbert_unsup": 2, "cotbert_unsup": 2, "dcpcse": 0, "llm2vec_mntp": 0,
+                    "llm2vec_contrastive": 0}.get(recipe, 1)
     refused = group == "template" and template_views(option) != wanted_views
     if not refused:
         check_train_composition(resolved(cfg))
