@@ -30,7 +30,7 @@ from promptemb.lightning_modules.recipe import recipe_of_checkpoint, recipe_reco
 from promptemb.lightning_modules.soft_template import SoftTemplate
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.cls import CLSPooler
-from promptemb.poolers.decoder import LastTokenPooler
+from promptemb.poolers.decoder import PROMPTEOL, LastTokenPooler
 from promptemb.poolers.llm2vec import SETTINGS as LLM2VEC_SETTINGS
 from promptemb.poolers.llm2vec import LLM2VecPooler
 from promptemb.poolers.mask import MaskPooler
@@ -356,12 +356,14 @@ class PromptEncoder:
                                source=source)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, *, template: str | None = None, sentence_rule: str = "none",
+    def from_pretrained(cls, name_or_path: str, *, template: str | None = None, sentence_rule: str | None = None,
                         pooler: str | None = None, layer: int = -1, max_length: int | None = None,
                         max_sentence_tokens: int | None = None, padding_side: str = "left",
                         batch_size: int = 64) -> PromptEncoder:
-        """A plain (untrained by promptemb) encoder or decoder with a template (None: the plain sentence, `[X]`):
-        decoders pool the last token, encoders the template's [MASK] when it has one, else the mean (`avg`).
+        """A plain (untrained by promptemb) encoder or decoder with a template. None: an encoder reads the plain
+        sentence (`[X]`), a decoder PromptEOL's template (rule `prompteol`), since the last token of the plain sentence
+        summarises nothing; decoders pool the last token, encoders the template's [MASK] when it has one, else the
+        mean (`avg`).
         `pooler="mean"`: an encoder's mean pooling as sentence-transformers computes it, the average over
         `[CLS] sentence [SEP]`, i.e. `avg` over the template `[X]` (recorded so). `max_length` None: the model's own
         token limit as sentence-transformers sets it (`sentence_bert_config.json`, else the position table and the
@@ -372,7 +374,9 @@ class PromptEncoder:
         own_limit = sentence_transformers_limit(name_or_path) if max_length is None else None
         encoder = Encoder(name_or_path, device="cpu", batch_size=batch_size, max_length=max_length or own_limit,
                           padding_side=padding_side, progress=False)
-        template = template or SENTENCE_SLOT
+        if template is None and encoder.is_decoder and pooler != PLAIN_MEAN:
+            template, sentence_rule = PROMPTEOL, sentence_rule if sentence_rule not in (None, "none") else "prompteol"
+        template, sentence_rule = template or SENTENCE_SLOT, sentence_rule or "none"
         if pooler == PLAIN_MEAN:
             if encoder.is_decoder:
                 raise ConfigError(f"pooler=mean is an encoder's mean pooling; {name_or_path} is a decoder (causal LM), "

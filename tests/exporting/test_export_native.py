@@ -159,7 +159,8 @@ def export_cli(*overrides: str) -> subprocess.CompletedProcess:
 ])
 def test_format_native_that_cannot_be_is_one_line_and_writes_nothing(tiny_bert, tmp_path, overrides, pattern):
     out = tmp_path / "out"
-    assert_one_line_error(export_cli(f"pretrained={tiny_bert}", f"out={out}", *overrides), pattern, out)
+    assert_one_line_error(export_cli(f"pretrained={tiny_bert}", f"output_dir={out}", "template=promptbert_bert",
+                                     *overrides), pattern, out)
     assert not list(tmp_path.iterdir())  # no temporary directory either
 
 
@@ -186,7 +187,7 @@ def test_minilm_mean_exports_natively_as_evaluate_py_scores_it(real_data_root, t
              .read_text(encoding="utf-8").splitlines()[:40]] + ["word " * 300]  # past 256 tokens: truncated
     native = tmp_path / "minilm-mean"
     # max_length 256: evaluate.py's MiniLM backbone (configs/backbone/minilm.yaml, its sentence-transformers limit)
-    run = export_cli(f"pretrained={MINILM}", "template.text='[X]'", "pooler=avg", "max_length=256", f"out={native}")
+    run = export_cli(f"pretrained={MINILM}", "template.text='[X]'", "pooler=avg", "max_length=256", f"output_dir={native}")
     assert run.returncode == 0, run.stderr[-3000:]
     scored = encode_file(MINILM, "mean", lines, real_data_root, tmp_path)  # evaluate.py's `mean` of the plain model
     st = native_model(native)
@@ -200,9 +201,9 @@ def test_minilm_mean_exports_natively_as_evaluate_py_scores_it(real_data_root, t
 
 
 def test_mask_export_keeps_the_custom_module_as_evaluate_py_scores_it(tiny_bert, real_data_root, tmp_path):
-    """The default export of a plain encoder (PromptBERT's template, [MASK] pooling) needs the custom module: it
+    """An export of a plain encoder with PromptBERT's template ([MASK] pooling) needs the custom module: it
     does not load without trust_remote_code, and with it equals evaluate.py on the export."""
-    custom = export_model(str(tiny_bert), tmp_path / "mask")
+    custom = export_model(str(tiny_bert), tmp_path / "mask", template='This sentence : "[X]" means [MASK] .')
     with pytest.raises(ValueError, match="trust_remote_code"):
         native_model(custom)
     from sentence_transformers import SentenceTransformer

@@ -39,8 +39,8 @@ def revision(encoder: PromptEncoder) -> str:
 
 
 def test_revision_is_the_hash_of_the_whole_configuration(tiny_bert):
-    plain = PromptEncoder.from_pretrained(str(tiny_bert))
-    again = PromptEncoder.from_pretrained(str(tiny_bert))  # its BERT pooler layer is initialised at random again
+    plain = PromptEncoder.from_pretrained(str(tiny_bert), template=TEMPLATE)
+    again = PromptEncoder.from_pretrained(str(tiny_bert), template=TEMPLATE)  # its BERT pooler layer: random again
     wrapper = MTEBEncoder(plain)
     assert wrapper.name == f"promptemb/{tiny_bert.name}"  # readable: the base model
     assert revision(again) == wrapper.revision == configuration_sha256(wrapper.configuration)[:16]
@@ -55,11 +55,11 @@ def test_revision_is_the_hash_of_the_whole_configuration(tiny_bert):
     variants = {
         "plain": plain,
         "template": PromptEncoder.from_pretrained(str(tiny_bert), template='The sentence "[X]" means [MASK] .'),
-        "avg": PromptEncoder.from_pretrained(str(tiny_bert), pooler="avg"),
+        "avg": PromptEncoder.from_pretrained(str(tiny_bert), template=TEMPLATE, pooler="avg"),
         "mean": PromptEncoder.from_pretrained(str(tiny_bert), pooler="mean"),
-        "layer": PromptEncoder.from_pretrained(str(tiny_bert), layer=1),
+        "layer": PromptEncoder.from_pretrained(str(tiny_bert), template=TEMPLATE, layer=1),
         "rule": PromptEncoder.from_pretrained(str(tiny_bert), template=TEMPLATE, sentence_rule="append_period"),
-        "max_length": PromptEncoder.from_pretrained(str(tiny_bert), max_length=16),
+        "max_length": PromptEncoder.from_pretrained(str(tiny_bert), template=TEMPLATE, max_length=16),
         "module": PromptEncoder.from_module(module, denoise=False),
         "denoised": PromptEncoder.from_module(module, denoise=True),
         "module_avg": PromptEncoder.from_module(module, pooler="avg"),
@@ -68,7 +68,7 @@ def test_revision_is_the_hash_of_the_whole_configuration(tiny_bert):
     with torch.no_grad():  # the same module, one weight changed
         module.transformer.encoder.layer[0].output.dense.bias[0] += 1e-3
     revisions["weights"] = revision(PromptEncoder.from_module(module, denoise=False))
-    retokenized = PromptEncoder.from_pretrained(str(tiny_bert))
+    retokenized = PromptEncoder.from_pretrained(str(tiny_bert), template=TEMPLATE)
     retokenized.tokenizer.backend_tokenizer.normalizer = normalizers.NFKC()
     revisions["tokenizer"] = revision(retokenized)
     assert len(set(revisions.values())) == len(revisions), revisions
@@ -84,7 +84,7 @@ def test_another_configuration_is_never_served_a_cached_score(tiny_bert, tmp_pat
 
     cache = mteb.ResultCache(tmp_path / "cache")
     for pooler in ("avg", "mask", "avg"):
-        wrapper = MTEBEncoder(PromptEncoder.from_pretrained(str(tiny_bert), pooler=pooler))
+        wrapper = MTEBEncoder(PromptEncoder.from_pretrained(str(tiny_bert), template=TEMPLATE, pooler=pooler))
         task, rows = tiny_mteb_sts_task()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
