@@ -7,12 +7,14 @@ Same sentences (unique STS-B + SICK + STS12/14 sentences, shuffled with a fixed 
 float32 on both sides; after a warm-up, `--repeats` rounds time each side once in turn (load drifts on a shared
 machine hit every side alike) and the best time per side is kept. sentence-transformers runs twice: with
 `--batch-size` and with its own defaults (`encode(sentences)`: batches of 32 sorted by characters). The project runs
-with `--batch-size` sentences per batch (`eager`), with its defaults (`Encoder(model)`: on a GPU batches filled to
-16384 padded tokens, on the CPU 64 sentences), with each `--batch-tokens` budget (length-sorted batches filled to
-that many padded tokens, `backbone.max_batch_tokens`; default 4096, 16384 and 65536 on a GPU, 16384 on the CPU),
-on the CPU also with `parallel_batches` (batches encoded at once in threads sharing the torch threads) and with
-`parallel_batches` + `onednn_linears` (the linears' weights pre-packed for oneDNN, encoder/onednn.py), and with
-`compile=True` (torch.compile; its first call, compilation included, is reported apart). Prints sentences/s for each,
+with `--batch-size` sentences per batch, one at a time, plain linears (`eager`), with its defaults (`Encoder(model)`:
+on a GPU batches filled to 16384 padded tokens; on the CPU 64 sentences, `parallel_batches` and `onednn_linears`
+"auto", i.e. two batches at once with oneDNN-packed linears), with each `--batch-tokens` budget (length-sorted
+batches filled to that many padded tokens, `backbone.max_batch_tokens`, the rest as the defaults; default 4096,
+16384 and 65536 on a GPU, 16384 on the CPU), on the CPU also with `parallel_batches` alone (batches encoded at once
+in threads sharing the torch threads, plain linears) and with `parallel_batches` + `onednn_linears` (the linears'
+weights packed for oneDNN, encoder/onednn.py) given explicitly, and with `compile=True` (torch.compile; its first
+call, compilation included, is reported apart). Prints sentences/s for each,
 the ratios to both sentence-transformers sides, and the max abs difference of the unit embeddings (they must agree:
 same model, same pooling). The goal line: the project's defaults against sentence-transformers' defaults.
 """
@@ -78,13 +80,15 @@ def main() -> None:
     pooler = build_poolers(["mean"])
     st_model = SentenceTransformer(resolve_model_path(args.model), device=device)
     parallel = f"parallel_batches={args.parallel_batches}"
-    options = {"eager": {"batch_size": args.batch_size, "max_batch_tokens": None}, "defaults": {}}
+    plain = {"parallel_batches": 1, "onednn_linears": False}  # one batch at a time, MKL's linears
+    options = {"eager": {"batch_size": args.batch_size, "max_batch_tokens": None, **plain}, "defaults": {}}
     options.update({f"max_batch_tokens={budget}": {"batch_size": args.batch_size, "max_batch_tokens": budget}
                     for budget in budgets})
     if args.defaults_only:
         options = {"defaults": {}}
     elif device == "cpu":  # CPU-only options (refused on a GPU)
-        options[parallel] = {"batch_size": args.batch_size, "parallel_batches": args.parallel_batches}
+        options[parallel] = {"batch_size": args.batch_size, "parallel_batches": args.parallel_batches,
+                             "onednn_linears": False}
         options[f"{parallel} + onednn_linears"] = {"batch_size": args.batch_size,
                                                    "parallel_batches": args.parallel_batches, "onednn_linears": True}
     if not args.no_compile and not args.defaults_only:
@@ -111,13 +115,15 @@ def main() -> None:
             best[name] = min(best[name], seconds)
     n, theirs = len(sentences), embeddings[ST_DEFAULTS if args.defaults_only else ST_SAME]
     name_of = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    defaults = encoders["defaults"].describe()
     print(f"device {device} ({name_of}), torch threads {torch.get_num_threads()}, {n} sentences, batch size "
-          f"{args.batch_size}; the project's defaults: {encoders['defaults'].describe()['batching']} per batch")
+          f"{args.batch_size}; the project's defaults: {defaults['batching']} per batch, "
+          f"{defaults['parallel_batches']} at once, {defaults['linear_kernels']} linears")
     for name, seconds in best.items():
         note = f"; first call {first_call_s:.1f} s with compilation" if name == "compiled" else ""
         print(f"{name:40s} {n / seconds:8.1f} sentences/s  ({seconds:.2f} s{note})")
     for name in encoders:
-        goal = " (goal >= 1.5x)" if name.endswith("onednn_linears") else ""
+        goal = " (goal >= 1.5x)" if name == "defaults" else ""
         same = f"{best[ST_SAME] / best[name]:.2f}x{goal}" if ST_SAME in best else "-"
         print(f"speed-up {name} {same}; vs its defaults "
               f"{best[ST_DEFAULTS] / best[name]:.2f}x; max abs diff of unit embeddings "

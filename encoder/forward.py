@@ -14,6 +14,7 @@ the shift moves MPNet's relative distances with its absolute positions (tests/en
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -37,28 +38,51 @@ def position_base(transformer: torch.nn.Module) -> int:
     return 0 if padding_idx is None else int(padding_idx) + 1
 
 
+#: The position ids of the forward each thread runs, for `relative_positions_from_ids`: batches encoded in threads
+#: (`Encoder`'s `parallel_batches`) run forwards of the same model at once, some with explicit positions (template
+#: biases) and some without.
+_THREAD_POSITIONS = threading.local()
+#: model encoder (by id) -> forwards in flight that patched its position bias; guarded by `_PATCHING`
+_PATCHED: dict[int, int] = {}
+_PATCHING = threading.Lock()
+
+
 @contextmanager
 def relative_positions_from_ids(transformer: torch.nn.Module, position_ids: torch.Tensor | None) -> Iterator[None]:
     """While the block runs, an MPNet-style encoder (a `relative_attention_bias` table) computes its relative position
     bias from `position_ids` [B, T] instead of from the columns 0..T-1; nothing changes for other models or without
-    position ids. The same values for rows whose ids are consecutive columns (any first id)."""
+    position ids. The same values for rows whose ids are consecutive columns (any first id). Thread-safe: the patch
+    reads the ids of the thread that calls it, and a forward of another thread without ids gets the model's own
+    bias; it is removed when the last forward that needs it ends."""
     encoder = getattr(transformer, "encoder", None)
     table = getattr(encoder, "relative_attention_bias", None)
     if position_ids is None or table is None:
         yield
         return
     buckets = transformer.config.relative_attention_num_buckets
+    original = type(encoder).compute_position_bias
 
-    def position_bias(x: torch.Tensor, position_ids_: torch.Tensor | None = None, num_buckets: int = buckets):
-        relative = position_ids[:, None, :] - position_ids[:, :, None]  # memory - context, as transformers
-        values = table(encoder.relative_position_bucket(relative, num_buckets=num_buckets))  # [B, T, T, H]
+    def position_bias(x: torch.Tensor, *args, **kwargs):
+        ids = getattr(_THREAD_POSITIONS, "ids", None)
+        if ids is None:  # another thread's forward on the default positions
+            return original(encoder, x, *args, **kwargs)
+        relative = ids[:, None, :] - ids[:, :, None]  # memory - context, as transformers
+        values = table(encoder.relative_position_bucket(relative, num_buckets=buckets))  # [B, T, T, H]
         return values.permute(0, 3, 1, 2).contiguous()
 
-    encoder.compute_position_bias = position_bias
+    with _PATCHING:
+        if not _PATCHED.get(id(encoder)):
+            encoder.compute_position_bias = position_bias
+        _PATCHED[id(encoder)] = _PATCHED.get(id(encoder), 0) + 1
+    outer, _THREAD_POSITIONS.ids = getattr(_THREAD_POSITIONS, "ids", None), position_ids
     try:
         yield
     finally:
-        del encoder.compute_position_bias
+        _THREAD_POSITIONS.ids = outer
+        with _PATCHING:
+            _PATCHED[id(encoder)] -= 1
+            if not _PATCHED[id(encoder)]:
+                del _PATCHED[id(encoder)], encoder.compute_position_bias
 
 
 def max_input_length(transformer: torch.nn.Module, tokenizer, requested: int | None = None) -> int:

@@ -43,7 +43,7 @@ from promptemb.encoder.loading import (
     resolve_device,
     resolve_model_path,
 )
-from promptemb.encoder.onednn import pack_linears
+from promptemb.encoder.onednn import LinearPacks, onednn_linears_work
 from promptemb.encoder.outputs import EncoderOutput, normalize_layer
 from promptemb.encoder.pooling import Needs, Pooler
 from promptemb.encoder.template import Template
@@ -184,23 +184,51 @@ def batch_spans(lengths: Sequence[int], batch_size: int, max_tokens: int | None)
     return spans
 
 
-def check_inference_options(dtype: str, compile: bool, parallel_batches: int, onednn_linears: bool,
+def check_inference_options(dtype: str, compile: bool, parallel_batches: int | str, onednn_linears: bool | str,
                             autocast: str = "none") -> None:
-    """The combinations of `Encoder`'s inference options that cannot run, one line each, before any loading."""
-    if parallel_batches < 1:
-        raise ConfigError(f"parallel_batches must be >= 1, got {parallel_batches}")
-    if compile and parallel_batches > 1:
+    """The values of `Encoder`'s inference options, and the combinations that cannot run, one line each, before any
+    loading ("auto" resolves to what can run: `resolve_cpu_speedups`)."""
+    if parallel_batches != "auto" and (isinstance(parallel_batches, bool) or not isinstance(parallel_batches, int)
+                                       or parallel_batches < 1):
+        raise ConfigError(f"parallel_batches must be an integer >= 1 or 'auto', got {parallel_batches!r}")
+    if not isinstance(onednn_linears, bool) and onednn_linears != "auto":
+        raise ConfigError(f"onednn_linears must be true, false or 'auto', got {onednn_linears!r}")
+    if compile and parallel_batches != "auto" and parallel_batches > 1:
         raise ConfigError("backbone.compile=true runs batches one at a time (compilation is not thread-safe); use "
                           "backbone.parallel_batches=1 with it")
-    if compile and onednn_linears:
+    if compile and onednn_linears is True:
         raise ConfigError("backbone.compile=true packs the linears itself (Inductor's freezing); use "
                           "backbone.onednn_linears=false with it")
-    if onednn_linears and dtype != "float32":
+    if onednn_linears is True and dtype != "float32":
         raise ConfigError(f"backbone.onednn_linears=true packs float32 weights; the model is loaded as {dtype}: use "
                           "backbone.dtype=float32 or backbone.onednn_linears=false")
-    if onednn_linears and autocast == "bf16":
+    if onednn_linears is True and autocast == "bf16":
         raise ConfigError("backbone.onednn_linears=true multiplies float32 activations; backbone.autocast=bf16 makes "
                           "them bfloat16: use backbone.autocast=auto or none with it")
+
+
+#: `parallel_batches="auto"` on the CPU: batches encoded at once (each with half the torch threads) where there are at
+#: least two torch threads. More batches at once add nothing measurable on MiniLM (docs/benchmarks.md).
+AUTO_PARALLEL_BATCHES = 2
+
+
+def resolve_cpu_speedups(parallel_batches: int | str, onednn_linears: bool | str, *, device: torch.device,
+                         decoder: bool, dtype: str, autocast: torch.dtype | None, compiled: bool) -> tuple[int, bool]:
+    """(batches encoded at once, whether the linears multiply with oneDNN-packed weights) for an encoder on `device`.
+    A value given is kept (its combinations checked by `check_inference_options`, the device and model kind by
+    `Encoder.use_inference_options`); "auto" turns each on where it computes the plain path's embeddings to float
+    rounding and runs faster: an encoder (not a decoder: its prompt methods hook into the model per call) on the CPU,
+    not compiled; oneDNN also only on float32 forwards (no bf16 dtype or autocast) with a torch build whose packed
+    linear works. Off the CPU both stay off (a GPU runs one batch at a time, cuBLAS packs nothing)."""
+    fast = device.type == "cpu" and not decoder and not compiled
+    if parallel_batches == "auto":
+        parallel_batches = AUTO_PARALLEL_BATCHES if fast and torch.get_num_threads() >= AUTO_PARALLEL_BATCHES else 1
+    if onednn_linears == "auto":
+        onednn_linears = fast and dtype == "float32" and autocast is None and onednn_linears_work()
+    elif onednn_linears and not onednn_linears_work():
+        raise ConfigError("backbone.onednn_linears=true but this torch build has no working oneDNN packed linear "
+                          "(torch.backends.mkldnn); drop it")
+    return int(parallel_batches), bool(onednn_linears)
 
 
 @dataclass(frozen=True)
@@ -211,8 +239,8 @@ class InferenceOptions:
 
     compile: bool = False
     autocast: Autocast = "none"
-    parallel_batches: AtLeastOne = 1
-    onednn_linears: bool = False
+    parallel_batches: AtLeastOne | Literal["auto"] = "auto"
+    onednn_linears: bool | Literal["auto"] = "auto"
     max_batch_tokens: AtLeastOne | Literal["auto"] | None = "auto"
 
 
@@ -252,10 +280,12 @@ class Encoder:
         later ones run faster (docs/benchmarks.md: worth it for large corpora); refused here when Inductor cannot run on
         this machine. `autocast`: the forwards under bf16 autocast (`bf16`, or `auto`: on CUDA only), pooling and
         similarities in float32. `parallel_batches`: on the CPU, encode that many batches at once (threads sharing the
-        torch threads; encoders only). `onednn_linears`: on the CPU, the transformer's linears multiply with weights
-        pre-packed for oneDNN (encoder/onednn.py: ~10% faster, equal to float rounding; float32 encoders, not with
-        `compile`). `max_batch_tokens`: batches of length-sorted inputs filled up to that many padded tokens instead of
-        `batch_size` inputs ("auto": 16384 off the CPU, by count on the CPU; `resolve_batch_tokens`)."""
+        torch threads; encoders only). `onednn_linears`: on the CPU, while encoding, the transformer's linears
+        multiply with weights packed for oneDNN (encoder/onednn.py: ~10% faster, equal to float rounding; float32
+        encoders, not with `compile`). Both default to "auto": on for an encoder on the CPU (the embeddings and scores
+        of the plain path to float rounding, faster; `resolve_cpu_speedups`). `max_batch_tokens`: batches of
+        length-sorted inputs filled up to that many padded tokens instead of `batch_size` inputs ("auto": 16384 off
+        the CPU, by count on the CPU; `resolve_batch_tokens`)."""
         path = resolve_model_path(name_or_path)
         options = InferenceOptions(**inference)
         compile, autocast = options.compile, options.autocast
@@ -312,6 +342,7 @@ class Encoder:
                        mlm_head=mlm_head, progress=progress, input_embedder=input_embedder,
                        padding_side=padding_side, autocast=autocast)
         encoder.model = transformer
+        encoder.use_inference_options(InferenceOptions(autocast=autocast))  # the defaults, as `Encoder(...)` has them
         return encoder
 
     def _setup(self, transformer, tokenizer, *, name_or_path, path, device, batch_size, max_length, dtype,
@@ -342,38 +373,46 @@ class Encoder:
         self.is_decoder = is_causal_lm(transformer.config)
         self.padding_side = padding_side
         self.autocast = resolve_autocast(autocast, self.device, dtype)
-        self.parallel_batches = 1
-        #: padded tokens per batch (None: `batch_size` inputs per batch); `use_inference_options` sets it
+        #: batches encoded at once, and whether each encoding packs the linears for oneDNN (recorded with every
+        #: score); `use_inference_options` sets them and the batching
+        self.parallel_batches, self.onednn_linears = 1, False
+        #: the oneDNN-packed linears, kept between encodings while their weights are unchanged
+        self.linear_packs: LinearPacks | None = None
+        #: padded tokens per batch (None: `batch_size` inputs per batch)
         self.max_batch_tokens = resolve_batch_tokens("auto", self.device)
-        #: linears replaced by oneDNN's packed ones (0 = none): recorded with every score
-        self.onednn_linears = 0
         self.compiled = False
         self.newly_initialized: tuple[str, ...] = ()
 
     def use_inference_options(self, options: InferenceOptions) -> None:
         """How this frozen encoder runs its forwards (see `__init__`); evaluate.py sets the same options on a trained
-        model it opened. None changes what is computed beyond float rounding; `compile` and `onednn_linears` take
-        the weights as they are now (inference only) and are applied once."""
+        model it opened. None changes what is computed beyond float rounding; `compile` takes the weights as they are
+        now (inference only) and stays applied; `onednn_linears` packs the weights as they are at each encoding."""
         autocast, compile, parallel_batches = options.autocast, options.compile, options.parallel_batches
         onednn_linears, max_batch_tokens = options.onednn_linears, options.max_batch_tokens
-        # what an earlier call applied stays applied: the combinations are checked with it
-        check_inference_options(self.dtype, compile or self.compiled, parallel_batches,
-                                onednn_linears or bool(self.onednn_linears), autocast)
-        if self.is_decoder and (compile or onednn_linears or parallel_batches > 1):
-            key = "compile=true" if compile else "onednn_linears=true" if onednn_linears else "parallel_batches>1"
+        # a compilation applied by an earlier call stays applied: the combinations are checked with it
+        compiled = compile or self.compiled
+        check_inference_options(self.dtype, compiled, parallel_batches, onednn_linears, autocast)
+        parallel = parallel_batches != "auto" and parallel_batches > 1
+        if self.is_decoder and (compile or onednn_linears is True or parallel):
+            key = "compile=true" if compile else "onednn_linears=true" if onednn_linears is True else \
+                "parallel_batches>1"
             raise ConfigError(f"backbone.{key} is for encoder models; the decoder prompt methods hook into the model "
                               f"per call: drop it")
-        if self.device.type != "cpu" and (onednn_linears or parallel_batches > 1):
-            key = "onednn_linears=true" if onednn_linears else f"parallel_batches={parallel_batches}"
+        if self.device.type != "cpu" and (onednn_linears is True or parallel):
+            key = "onednn_linears=true" if onednn_linears is True else f"parallel_batches={parallel_batches}"
             raise ConfigError(f"backbone.{key} speeds up encoding on the CPU; this encoder runs on {self.device}: "
                               "drop it")
         if compile:
             check_compile_works("backbone.compile", self.device.type)
         self.autocast = resolve_autocast(autocast, self.device, self.dtype)
         self.max_batch_tokens = resolve_batch_tokens(max_batch_tokens, self.device)
-        self.parallel_batches = int(parallel_batches)
-        if onednn_linears and not self.onednn_linears:  # on the CPU: other devices are refused above
-            self.onednn_linears = pack_linears(self.transformer, "backbone.onednn_linears")
+        self.parallel_batches, self.onednn_linears = resolve_cpu_speedups(
+            parallel_batches, onednn_linears, device=self.device, decoder=self.is_decoder, dtype=self.dtype,
+            autocast=self.autocast, compiled=compiled)
+        if not self.onednn_linears:
+            self.linear_packs = None
+        elif self.linear_packs is None:
+            self.linear_packs = LinearPacks(self.transformer)
         if compile and not self.compiled:  # in place: parameter names, hooks and `self.model`'s weights unchanged
             self.transformer.compile(dynamic=True, options={"freezing": True})
             self.compiled = True
@@ -391,6 +430,7 @@ class Encoder:
             "attention": getattr(self.transformer.config, "_attn_implementation", None) or "sdpa",
             "autocast": "bf16" if self.autocast is not None else "none",
             "linear_kernels": "onednn_packed" if self.onednn_linears else "default",
+            "parallel_batches": self.parallel_batches,
             "compiled": self.compiled,
             "batching": (f"{self.max_batch_tokens} padded tokens" if self.max_batch_tokens
                          else f"{self.batch_size} inputs"),
@@ -532,7 +572,7 @@ class Encoder:
 
         bar = tqdm(total=len(mine), desc=f"encode ({label})", unit="batch", disable=not progress, leave=False)
         # scores must not depend on the device: float32 forwards use IEEE matmuls even where training turned TF32 on
-        with bar, self.cpu_workers() as run, exact_matmuls():
+        with bar, self.linear_kernels(), self.cpu_workers() as run, exact_matmuls():
             for start, pooled in run(encode_batch, mine):
                 parts[start] = pooled
                 bar.update()
@@ -549,6 +589,14 @@ class Encoder:
                                  "sentences": len(items), "tokens": int(lengths.sum()), "batches": len(mine),
                                  "seconds": round(time.perf_counter() - started, 2)})
         return result
+
+    def linear_kernels(self) -> contextlib.AbstractContextManager:
+        """The block's linears: oneDNN's packed copies of the weights as they are now (`onednn_linears`, on the CPU),
+        the model's own modules put back after it (`LinearPacks`: a model that trains between two encodings is
+        never encoded with stale weights), or the model's own."""
+        if self.linear_packs is None or self.device.type != "cpu":
+            return contextlib.nullcontext()
+        return self.linear_packs.swapped_in()
 
     @contextlib.contextmanager
     def cpu_workers(self) -> Iterator[Callable]:

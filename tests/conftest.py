@@ -77,6 +77,18 @@ def real_data_root() -> Path:
     return Path(value)
 
 
+@pytest.fixture()
+def two_threads():
+    """Two torch threads, whatever the machine (restored after): the encoders' "auto" `parallel_batches` then runs
+    two batches at once on the CPU."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dropout(tmp_path_factory) -> Path:
     """A tiny BERT with dropout on: resumed runs must replay the same dropout masks."""

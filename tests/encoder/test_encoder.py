@@ -139,7 +139,7 @@ def test_parallel_batches_on_the_cpu_embed_what_one_batch_at_a_time_embeds(tiny_
     sentences = [" ".join(["word"] * n) + f" {n}" for n in (5, 1, 3, 3, 9, 12, 2, 7, 30, 4)]
     poolers = build_poolers(["mean", "cls", "mask", "first_last"])
     template = Template('This sentence : "[X]" means [MASK] .')
-    sequential = Encoder(str(tiny_bert), device="cpu", batch_size=2, progress=False)
+    sequential = Encoder(str(tiny_bert), device="cpu", batch_size=2, progress=False, parallel_batches=1)
     parallel = Encoder(str(tiny_bert), device="cpu", batch_size=2, progress=False, parallel_batches=3)
     names = set()
     original = Encoder.forward
@@ -175,16 +175,18 @@ def test_packed_linear_is_the_plain_linear():
     # no gradient, no moves, no state dict: refused instead of training orphaned weights or saving none
     with pytest.raises(RuntimeError, match="is for inference: it has no gradient"):
         packed(torch.randn(2, 24))
-    with pytest.raises(ConfigError, match=r"stays on the CPU in float32; load it again without onednn_linears"):
+    with pytest.raises(ConfigError, match=r"stay on the CPU in float32 while it encodes; move or convert the model "
+                                          r"before or after encoding$"):
         torch.nn.Sequential(packed).to(torch.float64)
-    with pytest.raises(ConfigError, match="has no plain weights to save"):
+    with pytest.raises(ConfigError, match="have no plain weights to save while it encodes"):
         torch.nn.Sequential(packed).state_dict()
 
 
-def test_onednn_linears_embed_what_plain_linears_embed(tiny_bert):
-    """`onednn_linears=True`: every linear of the transformer packed (none left), recorded in `describe()`; every
-    pooler's embeddings equal the plain encoder's to float rounding, also with parallel batches and eager attention;
-    a trained model opened from memory gets the same option through `use_inference_options`."""
+def test_onednn_linears_embed_what_plain_linears_embed(tiny_bert, monkeypatch):
+    """`onednn_linears=True`: while it encodes, every linear of the transformer is packed (none left plain), recorded
+    in `describe()`; after it the model's own linears are back (the same objects); every pooler's embeddings equal
+    the plain encoder's to float rounding, also with parallel batches and eager attention; a trained model opened
+    from memory gets the same option through `use_inference_options`."""
     from promptemb.encoder.onednn import PackedLinear
     from promptemb.encoder.template import Template
     from promptemb.poolers import build_poolers
@@ -192,23 +194,35 @@ def test_onednn_linears_embed_what_plain_linears_embed(tiny_bert):
     sentences = [" ".join(["word"] * n) + f" {n}" for n in (5, 1, 3, 9, 12, 2, 30)]
     poolers = build_poolers(["mean", "cls", "mask", "first_last"])
     template = Template('This sentence : "[X]" means [MASK] .')
-    plain = Encoder(str(tiny_bert), device="cpu", batch_size=3, progress=False, attentions=True)
-    linears = sum(type(m) is torch.nn.Linear for m in plain.transformer.modules())
+    plain = Encoder(str(tiny_bert), device="cpu", batch_size=3, progress=False, attentions=True, parallel_batches=1,
+                    onednn_linears=False)
+    linears = [m for m in plain.transformer.modules() if type(m) is torch.nn.Linear]
     expected = plain.embed(sentences, poolers, template)
-    for options in ({}, {"parallel_batches": 2}):
+    seen = []
+    original = Encoder.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(sum(type(m) is PackedLinear for m in self.transformer.modules()))
+        assert not any(type(m) is torch.nn.Linear for m in self.transformer.modules())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "forward", spy)
+    for options in ({"parallel_batches": 1}, {"parallel_batches": 2}):
         packed = Encoder(str(tiny_bert), device="cpu", batch_size=3, progress=False, attentions=True,
                          onednn_linears=True, **options)
-        assert packed.onednn_linears == linears > 0
-        assert not any(type(m) is torch.nn.Linear for m in packed.transformer.modules())
-        assert sum(type(m) is PackedLinear for m in packed.transformer.modules()) == linears
+        before = list(packed.transformer.modules())
+        assert packed.onednn_linears and packed.parallel_batches == options["parallel_batches"]
         assert packed.describe()["linear_kernels"] == "onednn_packed" != plain.describe()["linear_kernels"]
+        seen.clear()
         got = packed.embed(sentences, poolers, template)
+        assert seen and set(seen) == {len(linears)} and len(linears) > 0
+        assert list(packed.transformer.modules()) == before  # the model's own modules put back
         for name in expected:
             assert_close_scaled(got[name], expected[name], FORWARD_TOL, msg=name)
     in_memory = Encoder.from_model(AutoModel.from_pretrained(tiny_bert).eval(), plain.tokenizer, name="trained",
                                    batch_size=3)
     in_memory.use_inference_options(InferenceOptions(parallel_batches=2, onednn_linears=True))
-    assert (in_memory.onednn_linears, in_memory.parallel_batches) == (linears, 2)
+    assert (in_memory.onednn_linears, in_memory.parallel_batches) == (True, 2)
     assert_close_scaled(in_memory.embed(sentences, poolers[:1])["mean"], expected["mean"], FORWARD_TOL)
 
 
@@ -257,13 +271,15 @@ def test_onednn_linears_refused_where_they_cannot_apply(tiny_bert, tmp_path):
         Encoder(str(tiny_bert), device="cpu", autocast="bf16", onednn_linears=True)
     packed = Encoder(str(tiny_bert), device="cpu", onednn_linears=True)
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true packs the linears itself"):
-        packed.use_inference_options(InferenceOptions(compile=True))  # a later call keeps what an earlier one applied
+        packed.use_inference_options(InferenceOptions(compile=True, onednn_linears=True))
+    with pytest.raises(ConfigError, match=r"^onednn_linears must be true, false or 'auto', got 'yes'$"):
+        Encoder(str(tiny_bert), device="cpu", onednn_linears="yes")
     with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears=true is for encoder models"):
         Encoder(str(save_tiny_decoder(tmp_path / "llama", "llama")), device="cpu", onednn_linears=True)
 
 
 def test_parallel_batches_out_of_range_or_with_compile_is_refused(tiny_bert):
-    with pytest.raises(ConfigError, match=r"^parallel_batches must be >= 1, got 0$"):
+    with pytest.raises(ConfigError, match=r"^parallel_batches must be an integer >= 1 or 'auto', got 0$"):
         Encoder(str(tiny_bert), device="cpu", parallel_batches=0)
     with pytest.raises(ConfigError, match=r"^backbone\.compile=true runs batches one at a time"):
         Encoder(str(tiny_bert), device="cpu", parallel_batches=2, compile=True)
@@ -276,9 +292,13 @@ def test_autocast_and_parallel_batches_keys_are_checked_like_every_key():
     with pytest.raises(ConfigError, match=r"^backbone\.autocast='fp8': Input should be 'auto', 'bf16' or 'none'$"):
         check_node("backbone.", {"autocast": "fp8"}, Encoder)
     with pytest.raises(ConfigError, match=r"^backbone\.parallel_batches=0: Input should be greater than or equal to "
-                                          r"1$"):
+                                          r"1 or 'auto'$"):
         check_node("backbone.", {"parallel_batches": 0}, Encoder)
+    with pytest.raises(ConfigError, match=r"^backbone\.onednn_linears='yes': Input should be a valid boolean or "
+                                          r"'auto'$"):
+        check_node("backbone.", {"onednn_linears": "yes"}, Encoder)
     check_node("backbone.", {"autocast": "bf16", "parallel_batches": 2}, Encoder)
+    check_node("backbone.", {"parallel_batches": "auto", "onednn_linears": "auto"}, Encoder)
 
 
 def test_batch_spans_by_count_and_by_token_budget():

@@ -67,13 +67,15 @@ def test_encode_throughput(tiny6, real_data_root):
     assert re.search(r"^eager +[\d.]+ sentences/s", out, re.M)
     assert re.search(r"speed-up eager [\d.]+x", out) and re.search(r"speed-up compiled [\d.]+x", out)
     assert re.search(r"speed-up parallel_batches=2 [\d.]+x;", out)
-    assert re.search(r"speed-up parallel_batches=2 \+ onednn_linears [\d.]+x \(goal >= 1\.5x\); vs its defaults "
-                     r"[\d.]+x; max abs diff of unit embeddings [\d.e+-]+$", out, re.M)
+    assert re.search(r"speed-up parallel_batches=2 \+ onednn_linears [\d.]+x; vs its defaults", out)
+    assert re.search(r"speed-up defaults [\d.]+x \(goal >= 1\.5x\); vs its defaults [\d.]+x; max abs diff of unit "
+                     r"embeddings [\d.e+-]+$", out, re.M)
     assert re.search(r"^max_batch_tokens=16384 +[\d.]+ sentences/s", out, re.M)
     assert re.search(r"^sentence-transformers defaults +[\d.]+ sentences/s", out, re.M)
     assert re.search(r"^goal: the project's defaults vs SentenceTransformer\.encode's defaults on cpu: [\d.]+x", out,
                      re.M)
-    assert "the project's defaults: 64 inputs per batch" in out
+    # on the CPU the defaults resolve to the fast exact path (two batches at once where there are two torch threads)
+    assert re.search(r"the project's defaults: 64 inputs per batch, [12] at once, onednn_packed linears$", out, re.M)
     assert re.search(r"^compiled +[\d.]+ sentences/s .*first call", out, re.M)
 
 
