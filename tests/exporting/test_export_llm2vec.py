@@ -22,6 +22,7 @@ from promptemb.inference import load_encoder
 from promptemb.inference.model_sources import open_trained_model
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.lightning_modules.llm2vec import LLM2VecContrastive, LLM2VecMNTP
+from promptemb.lightning_modules.recipe import RECORD_KEY
 from tests.decoder_helpers import SENTENCES, save_tiny_decoder
 from tests.exporting.test_export_decoder import sentence_transformer
 from tests.helpers import assert_close_scaled
@@ -149,7 +150,7 @@ def test_the_mntp_adapter_a_checkpoint_was_trained_on_must_be_the_recorded_one(c
     module = LLM2VecMNTP(str(base), lora_r=2, lora_alpha=4, lora_dropout=0.0)
     seeded_adapter(module, 7)
     save_checkpoint(module, other_mntp)
-    checkpoint["hyper_parameters"]["mntp_adapter"] = str(other_mntp)
+    checkpoint[RECORD_KEY]["arguments"]["mntp_adapter"] = str(other_mntp)  # what the loader rebuilds from
     torch.save(checkpoint, moved)
     with pytest.raises(DataError) as caught:
         load_encoder(moved, device="cpu")

@@ -151,18 +151,20 @@ def test_bos_token_pools_the_bos_and_needs_a_tokenizer_that_writes_one(reference
         pooler.bind_encoder(SimpleNamespace(tokenizer=train_tokenizer("gpt2"), transformer=None))
 
 
-def test_unknown_pooling_mode_from_the_command_line(tmp_path):
+def test_unknown_pooling_mode_from_the_command_line(mini_data, tmp_path):
     """`evaluate.py +pooler_args.llm2vec.pooling_mode=cls`: one line, exit 2, before any weight loads (the model
     directory has none) and nothing written."""
     from tests.evaluation.test_evaluate_cli import evaluate
     from tests.helpers import assert_one_line_error
 
+    root, registry = mini_data
     model = save_reference_model(tmp_path / "config_only", "llama")
     for weights in model.glob("*.safetensors"):
         weights.unlink()
     out = tmp_path / "out"
     proc = evaluate("backbone=decoder", f"backbone.name_or_path={model}", "poolers=[llm2vec]",
-                    "+pooler_args.llm2vec.pooling_mode=cls", "tasks=[STSBenchmark]", f"output_dir={out}")
+                    "+pooler_args.llm2vec.pooling_mode=cls", "tasks=[MINI-B]", f"task_registry={registry}",
+                    f"output_dir={out}", data_root=root)
     assert_one_line_error(proc, r"^error: pooler 'llm2vec': LLM2Vec has no pooling mode 'cls'; valid: mean, "
                                 r"weighted_mean, eos_token, last_token, bos_token$", out)
 
