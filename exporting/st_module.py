@@ -25,8 +25,9 @@ only torch, transformers and sentence-transformers. It re-implements, minimally,
                                whose weights must hash to the recorded sha256;
 * encoder/decoder.py, poolers/llm2vec.py, encoder/bidirectional.py   a decoder of an LLM2Vec recipe: the sentence
                                cut, `instruction + " " + sentence (+ end text)` tokenized whole, the last n tokens
-                               (the sentence's own count) pooled (mean, weighted mean or last token) from one
-                               forward with the causal mask removed (the padding-only 4D mask, `is_causal=False`).
+                               (the sentence's own count) pooled (mean, weighted mean, last token, or the first
+                               BOS token) from one forward with the causal mask removed (the padding-only 4D mask,
+                               `is_causal=False`).
 tests/exporting/test_export.py (encoders, tiny BERTs) and tests/exporting/test_export_decoder.py (tiny LLaMA / OPT /
 GPT-2) compare this file with those (many lengths, truncation, padding sides, batch compositions): change them together.
 """
@@ -482,5 +483,8 @@ class PromptEncoderModule(InputModule):
         elif mode == "weighted_mean":  # weights 1..n over the span, in order
             ranks = (features["pooled_span"].cumsum(1) * features["pooled_span"]).to(states.dtype)
             embedding = (states * (ranks / ranks.sum(1, keepdim=True).clamp_min(1)).unsqueeze(-1)).sum(1)
+        elif mode == "bos_token":  # the row's first real BOS token
+            bos = (features["input_ids"] == self.tokenizer.bos_token_id) & features["attention_mask"].bool()
+            embedding = states[rows, bos.long().argmax(1)]
         features.update(token_embeddings=states, sentence_embedding=embedding)
         return features

@@ -11,12 +11,28 @@ in three steps, each a LoRA recipe on the bidirectional model (`encoder/bidirect
 * `LLM2VecContrastive` — SimCSE (experiments/run_simcse.py: each sentence twice through attention dropout 0.3,
   InfoNCE over cosine × 20, i.e. τ = 0.05) or the supervised stage (run_supervised.py: (query, positive, hard
   negative) with the negatives as extra columns), both on the bidirectional model with the MNTP adapter merged into
-  the base first (`mntp_adapter`), a new LoRA (r 16, alpha 32, dropout 0.05, the same seven projections) and the
-  LLM2Vec pooling the embeddings are evaluated with (`poolers/llm2vec.py`, mean by default).
+  the base first (`mntp_adapter`), a new LoRA (r 16, alpha 32, dropout 0.05, the same seven projections); embeddings
+  are evaluated with the LLM2Vec pooler (`poolers/llm2vec.py`, mean by default, = `LLM2Vec.encode`).
+
+  The training views (`train_pooling`): `official` pools them as the official trainers do. Their collators
+  tokenize with `LLM2Vec.tokenize`, whose `embed_mask` marks the text after the separator `!@#$%^&*()`, and
+  `LLM2Vec.forward` pools with `get_pooling` (`official_pool`), which reads that mask as the row's length. SimCSE's
+  Wiki1M sentences carry no separator and run_simcse.py calls no `prepare_for_tokenization`: the row is `<s> x`
+  (no end text, no instruction: `model.instruction` is then the evaluation's only), left-padded with EOS, and its
+  `embed_mask` is all zero — mean averages all T positions (padding and `<s>` included, so the padded width of the
+  device batch matters), weighted_mean is a zero vector (loss log N, no gradient), eos_token / last_token the last
+  position, bos_token `<s>`. run_supervised.py's E5 texts carry the separator and its collator calls
+  `prepare_for_tokenization`: rows as `encode` writes them (the eos_token end text, `<s>` and the instruction not
+  pooled), with the task instruction on queries only, joined as `instruction + "; " + query`. Both pad on the left
+  with EOS whatever `model.padding_side` (the evaluation's). The official forward passes no position ids, so it
+  numbers the padding: SimCSE's rows are numbered so (its mean pools the padding's states); the supervised rows,
+  whose padding is never pooled, count real tokens only (the same states up to rounding). `evaluation` pools the
+  training views with the evaluation pooler instead (the instruction on every sentence).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,6 +45,8 @@ from promptemb.common.optional import require
 from promptemb.data.checksums import sha256_file
 from promptemb.encoder.bidirectional import check_bidirectional_family
 from promptemb.encoder.decoder import DecoderInputBuilder, PaddingSide, is_causal_lm, run_decoder
+from promptemb.encoder.decoder_forms import DecoderForm, LLM2VecInput
+from promptemb.encoder.inputs import PAD, POOLED, Batch, InputForm, TokenizedInput
 from promptemb.encoder.loading import DTYPES, DType, check_model_source
 from promptemb.encoder.pooling import Needs
 from promptemb.encoder.template import SentenceRule
@@ -43,12 +61,17 @@ from promptemb.lightning_modules.prompteol import (
     weights_sha256,
 )
 from promptemb.lightning_modules.recipe import EncodingSpec, register_recipe
-from promptemb.poolers.llm2vec import POOLING_MODES, LLM2VecPooler
+from promptemb.poolers.llm2vec import POOLING_MODES, LLM2VecPooler, official_pool
+
+log = logging.getLogger(__name__)
 
 #: run_mntp.py / run_simcse.py `initialize_peft`: every projection of LLaMA, Mistral, Gemma and Qwen2 blocks
 ALL_PROJECTIONS = ("q_proj", "v_proj", "k_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 COLLATORS = ("default", "all_mask")
 MASK_TOKEN_TYPES = ("blank", "eos")
+#: `train_pooling`: `official` as run_simcse.py / run_supervised.py pool the training views (see the module
+#: docstring); `evaluation` with the pooler the model is evaluated with (`LLM2Vec.encode`)
+TRAIN_POOLINGS = ("official", "evaluation")
 
 
 def check_llm2vec_model(recipe: str, model_name_or_path: str, revision: str | None = None) -> None:
@@ -71,7 +94,8 @@ def check_llm2vec_model(recipe: str, model_name_or_path: str, revision: str | No
 @register_recipe("llm2vec_contrastive")
 class LLM2VecContrastive(PromptEOLSup):
     """LLM2Vec's SimCSE (`views=dropout`: each sentence twice, attention dropout) or supervised stage
-    (`views=triplets`) with LoRA on the bidirectional model; embeddings pooled as `poolers/llm2vec.py`."""
+    (`views=triplets`) with LoRA on the bidirectional model; training views pooled as the official trainers pool them
+    (`train_pooling=official`) or as evaluated (`evaluation`), embeddings evaluated as `poolers/llm2vec.py`."""
 
     RECIPE = "LLM2VecContrastive"
     #: no template: the plain sentence in LLM2Vec's input format (train.py's template check: template=none)
@@ -82,6 +106,7 @@ class LLM2VecContrastive(PromptEOLSup):
         model_name_or_path: str,
         views: str = "dropout",
         pooling_mode: str = "mean",
+        train_pooling: str = "official",
         instruction: str = "",
         temperature: Positive = 0.05,
         optimizer=None,
@@ -109,7 +134,16 @@ class LLM2VecContrastive(PromptEOLSup):
         if pooling_mode not in POOLING_MODES:
             raise ConfigError(f"{self.RECIPE}: LLM2Vec has no pooling mode {pooling_mode!r}; valid: "
                               f"{', '.join(POOLING_MODES)}")
+        if train_pooling not in TRAIN_POOLINGS:
+            raise ConfigError(f"unknown train_pooling {train_pooling!r}; valid: official (as run_simcse.py / "
+                              "run_supervised.py pool the training views), evaluation (as the model is evaluated)")
+        if train_pooling == "official" and views == "dropout" and pooling_mode == "weighted_mean":
+            log.warning("train_pooling=official, views=dropout, pooling_mode=weighted_mean: run_simcse.py's "
+                        "weighted mean is a zero vector (its embed_mask is empty), the loss stays log N and nothing "
+                        "trains; train_pooling=evaluation trains the weighted mean over the sentence")
         self._setup(arguments, optimizer, scheduler, base_weights_sha256)
+        self.view_width: int | None = None  # official SimCSE under gradient caching: the device batch's width
+        self.official_builders = self._official_builders() if train_pooling == "official" else None
 
     # -- building (shared with MNTP) --------------------------------------------------------------------------
 
@@ -176,11 +210,76 @@ class LLM2VecContrastive(PromptEOLSup):
         return pooler(out)
 
     def contrastive_views(self, batch):
+        if self.official_builders is not None:
+            return self.official_views(batch)
         if self.hparams.views == "triplets":
             return PromptEOLSup.contrastive_views(self, batch)
         sentences = list(batch)
         pooled = self.pooled(sentences + sentences, self.builders[0], self.pooler)  # two dropout draws
         return pooled[: len(sentences)], pooled[len(sentences):], None
+
+    # -- the training views as the official trainers pool them (train_pooling=official) ----------------------------
+
+    def _official_builders(self) -> dict[str, DecoderInputBuilder]:
+        """The rows of run_simcse.py's collator (`simcse`: the sentence alone, no end text) and run_supervised.py's
+        (`query`: E5's `instruction; query`, `document`: the text alone; the eos_token end text on both)."""
+        if self.tokenizer.eos_token_id is None:
+            raise ConfigError(f"train_pooling=official pads with the EOS token, as the official trainers; "
+                              f"{self.hparams.model_name_or_path!r} has none: use train_pooling=evaluation")
+        suffix = self.pooler.decoder.llm2vec.suffix
+        instruction = self.hparams.instruction.strip()
+        inputs = {"simcse": LLM2VecInput(), "document": LLM2VecInput("", suffix),
+                  "query": LLM2VecInput(f"{instruction};" if instruction else "", suffix)}
+        return {name: DecoderInputBuilder(self.tokenizer, InputForm(None, "none", self.hparams.max_sentence_tokens,
+                                                                    DecoderForm(llm2vec=form, bidirectional=True)),
+                                          self.max_length, "left")
+                for name, form in inputs.items()}
+
+    def official_views(self, batch):
+        """(anchors, positives, negatives or None) pooled by `official_pool`; the triplets' rows in one forward
+        (padding is never pooled there), SimCSE's two views as one forward of the batch written twice."""
+        if isinstance(batch, Mapping):
+            raise ConfigError(f"{self.RECIPE} reads raw sentences; set data.pretokenize=false")
+        builders = self.official_builders
+        if self.hparams.views == "dropout":
+            items = builders["simcse"].build(list(batch))
+            pooled = self.official_pooled(items + items, self.view_width, simcse=True)  # two dropout draws
+            return pooled[: len(items)], pooled[len(items):], None
+        items = [item for query, positive, negative in batch
+                 for item in (builders["query"].build([query])[0], *builders["document"].build([positive, negative]))]
+        pooled = self.official_pooled(items, None, simcse=False)
+        pooled = pooled.view(pooled.shape[0] // 3, 3, -1)
+        return pooled[:, 0], pooled[:, 1], pooled[:, 2]
+
+    def official_pooled(self, items: list[TokenizedInput], width: int | None, simcse: bool) -> torch.Tensor:
+        """`LLM2Vec.forward` on the official rows: left-padded with EOS to `width` (None: the widest row); SimCSE:
+        position ids 0..T-1 over the padding, whose states its mean pools, and `embed_mask` all zero; supervised: the
+        pooled span, positions from the mask (the official numbering gives the same states up to rounding, and this
+        one keeps a row's embedding independent of the batch it is padded in)."""
+        batch = official_rows(items, self.tokenizer.eos_token_id, width, count_padding=simcse).to(self.device)
+        form = self.official_builders["simcse"].form
+        out = run_decoder(self.transformer, batch, Needs(layers=(-1,)), form)
+        embed_mask = torch.zeros_like(batch.attention_mask) if simcse else (batch.roles == POOLED).long()
+        return official_pool(out.layer(-1), embed_mask, batch.input_ids, batch.attention_mask,
+                             self.hparams.pooling_mode, self.pooler.bos_id)
+
+    def contrastive_loss(self, batch):
+        """Official SimCSE under gradient caching: every chunk is padded to the width of the whole device batch, the
+        width the official collator pads its views to (mean pools that padding)."""
+        if self.official_builders is None or self.hparams.views != "dropout" or not self.hparams.grad_cache_chunk_size:
+            return super().contrastive_loss(batch)
+        if isinstance(batch, Mapping):
+            raise ConfigError(f"{self.RECIPE} reads raw sentences; set data.pretokenize=false")
+        self.view_width = max(len(item.input_ids) for item in self.official_builders["simcse"].build(list(batch)))
+        loss, rows, to_backward = super().contrastive_loss(batch)
+
+        def backward(value):
+            try:
+                return to_backward(value)
+            finally:
+                self.view_width = None
+
+        return loss, rows, backward
 
     def embed(self, sentences: list[str]) -> torch.Tensor:
         was_training = self.training
@@ -231,6 +330,25 @@ class LLM2VecContrastive(PromptEOLSup):
         spec = super().encoding_spec(pooler, denoise, adapter)
         spec.template, spec.pooler, spec.llm2vec = None, self.own_pooler[0], self.pooler.settings()
         return spec
+
+
+def official_rows(items: list[TokenizedInput], pad_id: int, width: int | None = None,
+                  count_padding: bool = True) -> Batch:
+    """The official trainers' batch (`LLM2Vec.from_pretrained`: pad = EOS, padding on the left), at least `width`
+    wide. `count_padding`: positions 0..T-1 in every row, as the official forward numbers them (it passes no position
+    ids); else counted over real tokens only."""
+    width = max(width or 0, *(len(item.input_ids) for item in items))
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    roles = torch.full((len(items), width), PAD, dtype=torch.long)
+    for row, item in enumerate(items):
+        ids[row, width - len(item.input_ids):] = torch.tensor(item.input_ids)
+        roles[row, width - len(item.roles):] = torch.tensor(item.roles)
+    attention_mask = (roles != PAD).long()
+    positions = torch.arange(width).repeat(len(items), 1) if count_padding else (attention_mask.cumsum(1) - 1).clamp(0)
+    return Batch(input_ids=ids, attention_mask=attention_mask, roles=roles,
+                 mask_token=torch.zeros_like(roles, dtype=torch.bool),
+                 sentence_lengths=torch.tensor([item.sentence_length for item in items], dtype=torch.long),
+                 position_ids=positions)
 
 
 class _Bound:

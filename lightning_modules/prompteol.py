@@ -275,7 +275,8 @@ class PromptEOLSup(PromptContrastiveModule):
             transformer = self.transformer
             kept = {"base_model": hparams.model_name_or_path, "base_weights_sha256": self.base_weights_sha256,
                     "dir": ADAPTER_DIR, "dtype": hparams.dtype, "quantization": quantization}
-        return EncodingSpec(transformer=transformer, tokenizer=self.tokenizer, template=self.eval_template.text,
+        template = None if self.eval_template is None else self.eval_template.text  # LLM2Vec's recipes: none
+        return EncodingSpec(transformer=transformer, tokenizer=self.tokenizer, template=template,
                             sentence_rule=hparams.sentence_rule, pooler=self.own_pooler[0], layer=self.pooler.layer,
                             max_length=self.max_length, padding_side=hparams.padding_side, adapter=kept,
                             source={"adapter_export": adapter or "keep"})

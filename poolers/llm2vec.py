@@ -16,7 +16,12 @@ default):
 * h = `last_hidden_state` (after the final norm; `layer` -1) of the bidirectional model (`bidirectional=false`: the
   causal model, LLM2Vec's "uni" baseline);
 * `mean`: e = (1/|P|) Σ_{t∈P} h_t; `weighted_mean`: e = Σ_k k·h_{P_k} / Σ_k k (k = 1..|P| in order, later tokens
-  weigh more); `eos_token`, `last_token`: e = h_T, the last real token (the end text's last token for `eos_token`).
+  weigh more); `eos_token`, `last_token`: e = h_T, the last real token (the end text's last token for `eos_token`);
+  `bos_token`: e = h at the tokenizer's BOS token (`<s>`, first in the row; the official
+  `h[input_ids == bos_token_id]`, one row per BOS, which is one per sentence unless the text itself holds the BOS
+  text: here the first one is pooled). A tokenizer that writes no BOS is refused.
+
+`official_pool` is `get_pooling` as the official training scripts reach it (lightning_modules/llm2vec.py).
 """
 
 from __future__ import annotations
@@ -27,14 +32,15 @@ import torch
 
 from promptemb.common.errors import ConfigError
 from promptemb.encoder.bidirectional import check_bidirectional_family
-from promptemb.encoder.decoder import last_positions
+from promptemb.encoder.decoder import last_positions, special_frame
 from promptemb.encoder.decoder_forms import DecoderForm, LLM2VecInput
 from promptemb.encoder.inputs import POOLED, InputForm
 from promptemb.encoder.outputs import EncoderOutput
 from promptemb.poolers.base import Needs, Pooler, masked_mean
 
 PAPER = "BehnamGhader et al. 2024, LLM2Vec (McGill-NLP/llm2vec 0.2.3)"
-POOLING_MODES = ("mean", "weighted_mean", "eos_token", "last_token")
+#: `LLM2Vec.get_pooling`'s modes
+POOLING_MODES = ("mean", "weighted_mean", "eos_token", "last_token", "bos_token")
 #: the `eos_token` mode's end text per model type, as `LLM2Vec.prepare_for_tokenization` writes it (keyed there on the
 #: config class: LlamaConfig and MistralConfig append " </s>" even when their tokenizer's EOS is another token)
 OFFICIAL_EOS = {"llama": " </s>", "mistral": " </s>", "qwen2": "<|endoftext|>", "gemma": "<eos>"}
@@ -46,9 +52,10 @@ SETTINGS = ("pooling_mode", "instruction", "eos", "skip_instruction")
 class LLM2VecPooler(Pooler):
     """e = pool(h⁽ˡ⁾ over the sentence's span P) of the bidirectional decoder on `instruction + " " + sentence`:
     mean = (1/|P|) Σ_{t∈P} h_t, weighted_mean = Σ_k k·h_{P_k} / Σ_k k, eos_token / last_token = h_T (the last real
-    token; eos_token appends its end text first). The instruction and `<s>` are never pooled.
+    token; eos_token appends its end text first), bos_token = h at `<s>`. The instruction and `<s>` are never in P.
 
-    `pooling_mode` one of mean, weighted_mean, eos_token, last_token; `instruction` written before the sentence;
+    `pooling_mode` one of mean, weighted_mean, eos_token, last_token, bos_token; `instruction` written before the
+    sentence;
     `eos` the `eos_token` mode's end text (`official` per family or the tokenizer's EOS); `bidirectional` false runs
     the causal model; `skip_instruction` false pools every real token (see the module docstring)."""
 
@@ -62,6 +69,7 @@ class LLM2VecPooler(Pooler):
         if eos not in EOS_CHOICES:
             raise ConfigError(f"pooler {name!r}: unknown eos {eos!r}; valid: {', '.join(EOS_CHOICES)}")
         self.pooling_mode = pooling_mode
+        self.bos_id: int | None = None  # bos_token: the tokenizer's BOS id (`bind_encoder`)
         self.layer = layer
         self.eos = eos
         self.paper = paper
@@ -80,14 +88,18 @@ class LLM2VecPooler(Pooler):
             check_bidirectional_family(f"pooler {self.name!r}", config)
 
     def bind_encoder(self, encoder) -> None:
-        """The `eos_token` mode's end text for this model (its family's official text or its tokenizer's EOS)."""
+        """The `eos_token` mode's end text for this model (its family's official text or its tokenizer's EOS); the
+        `bos_token` mode's BOS id."""
+        if self.pooling_mode == "bos_token":
+            self.bos_id = bos_token_id(self.name, encoder.tokenizer)
         if self.pooling_mode != "eos_token":
             return
         self.decoder = replace(self.decoder, llm2vec=replace(
             self.decoder.llm2vec, suffix=end_text(self.name, self.eos, encoder.transformer.config, encoder.tokenizer)))
 
     def __call__(self, out: EncoderOutput) -> torch.Tensor:
-        return pool(out.layer(self.layer), (out.roles == POOLED).long(), out.attention_mask, self.pooling_mode)
+        return pool(out.layer(self.layer), (out.roles == POOLED).long(), out.attention_mask, self.pooling_mode,
+                    out.input_ids, self.bos_id)
 
     def arguments(self) -> dict:
         return {"pooling_mode": self.pooling_mode, "layer": self.layer, "eos": self.eos, "paper": self.paper,
@@ -113,8 +125,23 @@ def end_text(who: str, eos: str, config, tokenizer) -> str:
     return OFFICIAL_EOS[model_type]
 
 
-def pool(states: torch.Tensor, pooled: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """LLM2Vec's `get_pooling` for any padding side: `pooled` [B, T] marks the pooled span P of each row."""
+def bos_token_id(who: str, tokenizer) -> int:
+    """The id the `bos_token` mode pools: the tokenizer's BOS, which it must write in front of every text."""
+    if tokenizer.bos_token_id is None or tokenizer.bos_token_id not in special_frame(tokenizer)[0]:
+        raise ConfigError(f"pooler {who!r}: pooling_mode bos_token pools the BOS token, but the tokenizer writes none "
+                          "in front of a text; use another pooling mode")
+    return int(tokenizer.bos_token_id)
+
+
+def bos_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """[B] index of each row's first real BOS token, whichever side the padding is on."""
+    return ((input_ids == bos_id) & attention_mask.bool()).long().argmax(1)
+
+
+def pool(states: torch.Tensor, pooled: torch.Tensor, attention_mask: torch.Tensor, mode: str,
+         input_ids: torch.Tensor | None = None, bos_id: int | None = None) -> torch.Tensor:
+    """LLM2Vec's `get_pooling` for any padding side: `pooled` [B, T] marks the pooled span P of each row
+    (`bos_token` reads the ids)."""
     if mode == "mean":
         return masked_mean(states, pooled)
     if mode == "weighted_mean":
@@ -122,4 +149,27 @@ def pool(states: torch.Tensor, pooled: torch.Tensor, attention_mask: torch.Tenso
         weights = ranks.to(states.dtype) / ranks.sum(1, keepdim=True).clamp_min(1).to(states.dtype)
         return (states * weights.unsqueeze(-1)).sum(1)
     rows = torch.arange(states.shape[0], device=states.device)
+    if mode == "bos_token":
+        return states[rows, bos_positions(input_ids, attention_mask, bos_id)]
     return states[rows, last_positions(attention_mask)]
+
+
+def official_pool(states: torch.Tensor, embed_mask: torch.Tensor, input_ids: torch.Tensor,
+                  attention_mask: torch.Tensor, mode: str, bos_id: int | None) -> torch.Tensor:
+    """`LLM2Vec.get_pooling` as written, on LEFT-padded rows (it asserts left padding): n = the row's `embed_mask`
+    count (`skip_instruction` makes it the attention mask); mean = the mean of the last n positions, where n = 0
+    takes `h[i, -0:]`, the WHOLE row (padding and `<s>` included); weighted_mean = weights 1..n on the last n
+    positions, none when n = 0 (a zero vector); eos_token, last_token = the last position; bos_token = the BOS
+    position (the first, see the module docstring)."""
+    width = states.shape[1]
+    lengths = embed_mask.sum(1, keepdim=True)
+    positions = torch.arange(width, device=states.device).unsqueeze(0)
+    if mode == "mean":
+        return masked_mean(states, (positions >= width - lengths) | (lengths == 0))
+    if mode == "weighted_mean":
+        ranks = (positions - (width - lengths) + 1).clamp_min(0).to(states.dtype)  # 1..n over the last n
+        return (states * (ranks / ranks.sum(1, keepdim=True).clamp_min(1e-9)).unsqueeze(-1)).sum(1)
+    if mode == "bos_token":
+        rows = torch.arange(states.shape[0], device=states.device)
+        return states[rows, bos_positions(input_ids, attention_mask, bos_id)]
+    return states[:, -1]

@@ -84,6 +84,7 @@ BUILTIN_POOLERS: dict[str, tuple[type[Pooler], dict[str, Any]]] = {
     "llm2vec_weighted_mean": (LLM2VecPooler, {"pooling_mode": "weighted_mean"}),
     "llm2vec_eos_token": (LLM2VecPooler, {"pooling_mode": "eos_token"}),
     "llm2vec_last_token": (LLM2VecPooler, {"pooling_mode": "last_token"}),
+    "llm2vec_bos_token": (LLM2VecPooler, {"pooling_mode": "bos_token"}),
     # ensembles: `ensemble` takes its members from pooler_args (`NAME+NAME` is the same without arguments)
     "ensemble": (EnsemblePooler, {}),
     "ck": (EnsemblePooler, {"members": ["ke", "pcot"], "layer": -1,
@@ -185,6 +186,7 @@ PAPERS: dict[str, str] = {
     "llm2vec_weighted_mean": f"{_LLM2VEC}: position-weighted mean (weights 1..n over the sentence's tokens)",
     "llm2vec_eos_token": f"{_LLM2VEC}: the state of the end text appended to the sentence",
     "llm2vec_last_token": f"{_LLM2VEC}: the last token's state",
+    "llm2vec_bos_token": f"{_LLM2VEC}: the state of the BOS token (`<s>`) in front of the input",
     "ck": 'Cheng et al. (2025), "Contrastive Prompting Enhances Sentence Embeddings in LLMs through Inference-Time '
           'Steering": CK, the mean of the Knowledge Enhancement and Pretended CoT prompts at one layer',
 }

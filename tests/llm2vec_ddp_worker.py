@@ -3,7 +3,7 @@
 vs one process. argv: kind (contrastive | mntp), rank, world size, port, output prefix; env TINY_LLAMA: the model.
 
 * contrastive: `LLM2VecContrastive` (views triplets, triplets with gradient caching in chunks of 1, dropout views
-  with dropout 0); one process steps once on the joined 8 examples per views.
+  with dropout 0, pooled as evaluated); one process steps once on the joined 8 examples per views.
 * mntp: `LLM2VecMNTP` with each half's masks drawn from a fixed seed (`mask_seeds`: different counts of masked
   tokens); one process steps on each half alone (the per-rank gradients DDP averages) and runs `mntp_forward` on the
   two masked halves joined (the token mean over the joined batch, which DDP does not compute).
@@ -91,7 +91,11 @@ def contrastive(model: str, rank: int, world: int) -> dict:
     for views, chunk in CONTRASTIVE_CASES:
         if world == 1 and chunk is not None:
             continue  # the single process is the plain step of the joined batch
-        module = build(LLM2VecContrastive, model, views=views, attention_dropout=0.0, grad_cache_chunk_size=chunk)
+        # the official SimCSE mean averages each device batch's own padding (as the official per-device collator):
+        # ranks and the joined batch pad to different widths, so these views are pooled as evaluated
+        pooling = "evaluation" if views == "dropout" else "official"
+        module = build(LLM2VecContrastive, model, views=views, attention_dropout=0.0, grad_cache_chunk_size=chunk,
+                       train_pooling=pooling)
         batch = halves(TRIPLETS if views == "triplets" else SENTENCES, world, rank)
         results[(views, chunk)] = step(module, batch, world)
     return results

@@ -2,8 +2,10 @@
 
     python3 -m venv /work/l2v-ref
     /work/l2v-ref/bin/pip install llm2vec==0.2.3 transformers==4.44.2 peft torch==2.13.0
-    git -C MIRROR show 312adcf:experiments/run_mntp.py > /tmp/run_mntp.py   # the official MNTP script
-    /work/l2v-ref/bin/python tests/llm2vec_official_references.py /tmp/run_mntp.py
+    for script in run_mntp run_simcse run_supervised; do   # the official training scripts
+        git -C MIRROR show 312adcf:experiments/$script.py > /tmp/$script.py; done
+    /work/l2v-ref/bin/python tests/llm2vec_official_references.py /tmp/run_mntp.py /tmp/run_simcse.py \
+        /tmp/run_supervised.py
 
 writes tests/llm2vec_0.2.3.json. llm2vec 0.2.3 (PyPI) pins transformers <= 4.44.2, so it is never installed in the
 project's environment; the tests read the file (tests/poolers/test_llm2vec.py). Its `llm2vec.py` and
@@ -23,6 +25,13 @@ computation is the same either way). Gemma was added by the same command (llm2ve
 2.13.0+cpu); the LLaMA, Mistral and Qwen2 cases, the losses and the MNTP cases came out byte-identical.
 MNTP (`mntp`): run_mntp.py's collators, `get_model_class`, `initialize_peft` and the causal-LM loss (`MNTP_CASES`).
 The contrastive stages' loss (`losses`): `HardNegativeNLLLoss` at scale 20 (SimCSE) and 50 (supervised).
+Added later by the same command (llm2vec 0.2.3, transformers 4.44.2, torch 2.13.0+cpu, peft 0.22.0, accelerate
+1.16.0; `training_environment`): the `bos_token` mode's `encode` cases (appended to `cases`), and `training`: the
+contrastive stages' training step as run_simcse.py's `SimCSETrainer.compute_loss` (scale 20) and run_supervised.py's
+`LLM2VecSupervisedTrainer.compute_loss` (scale 50) run it, each with its own `DefaultCollator` (`TRAINING_MODES`,
+`training_cases`). That run reproduced every earlier entry byte for byte but the MNTP LoRA gradients, which came out
+within 1.4e-7 of their largest entry (rounding); the file keeps the earlier entries as first recorded and adds the
+new ones from that run.
 """
 
 from __future__ import annotations
@@ -192,6 +201,84 @@ def mntp_cases(tokenizer_json: str, run_mntp_path: str) -> list[dict]:
     return cases
 
 
+#: the contrastive training step's cases: the tiny LLaMA, every `get_pooling` mode; LoRA r 4 (alpha 2r, as both
+#: scripts), A and B seeded, dropout 0 and attention dropout 0 (run_simcse.py's `simcse_dropout`) so the step is
+#: deterministic; `max_seq_length` 128 (no row is cut)
+TRAINING_MODES = ("mean", "weighted_mean", "eos_token", "last_token", "bos_token")
+TRAINING_LORA_R = 4
+TRAINING_MAX_LENGTH = 128
+#: E5Data's query format: `f"{instruction}; " + separator + query`; documents `separator + text`
+E5_INSTRUCTION = "Retrieve semantically similar text"  # E5_EMBEDDING_PROMPTS["allnli"][1]
+E5_SEPARATOR = "!@#$%^&*()"
+
+
+def training_triplets() -> list[tuple[str, str, str]]:
+    """6 (query, positive, hard negative) triplets of the reference sentences."""
+    return [(SENTENCES[i], SENTENCES[(i + 1) % len(SENTENCES)], SENTENCES[(i + 3) % len(SENTENCES)])
+            for i in range(6)]
+
+
+def training_cases(tokenizer_json: str, run_simcse_path: str, run_supervised_path: str) -> list[dict]:
+    """The official training step of each contrastive stage and pooling mode: the collator's batches (before
+    `get_pooling` overwrites their attention mask with the embed mask), the reps `compute_loss` pools, the loss and
+    every LoRA gradient."""
+    import importlib.util
+    import types
+
+    from llm2vec import LLM2Vec
+    from llm2vec.dataset.dataset import TrainSample
+    from llm2vec.loss.HardNegativeNLLLoss import HardNegativeNLLLoss
+    from transformers import AutoModelForCausalLM
+
+    scripts = {}
+    for name, path in (("run_simcse", run_simcse_path), ("run_supervised", run_supervised_path)):
+        spec = importlib.util.spec_from_file_location(name, path)
+        scripts[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(scripts[name])
+    stages = (("simcse", scripts["run_simcse"], scripts["run_simcse"].SimCSETrainer, 20.0,
+               [TrainSample(texts=[s, s], label=1.0) for s in SENTENCES]),
+              ("supervised", scripts["run_supervised"], scripts["run_supervised"].LLM2VecSupervisedTrainer, 50.0,
+               [TrainSample(texts=[f"{E5_INSTRUCTION}; " + E5_SEPARATOR + q, E5_SEPARATOR + p, E5_SEPARATOR + n],
+                            label=1.0) for q, p, n in training_triplets()]))
+    tokenizer = load_tokenizer(tokenizer_json)
+    cases = []
+    for stage, script, trainer_class, scale, samples in stages:
+        for mode in TRAINING_MODES:
+            with tempfile.TemporaryDirectory() as folder:
+                base = AutoModelForCausalLM.from_config(tiny_config("llama", len(tokenizer)))
+                seed_weights(base)
+                base.save_pretrained(folder)
+                tokenizer.save_pretrained(folder)
+                # main(): bidirectional, the pooling mode, max_seq_length, the SimCSE dropout on the config
+                model = LLM2Vec.from_pretrained(folder, enable_bidirectional=True, pooling_mode=mode,
+                                                max_length=TRAINING_MAX_LENGTH, torch_dtype=torch.float32,
+                                                attn_implementation="eager", attention_dropout=0.0)
+            model.model = script.initialize_peft(model.model, lora_r=TRAINING_LORA_R, lora_alpha=2 * TRAINING_LORA_R,
+                                                 lora_dropout=0.0)
+            seed_lora(model.model)
+            model.train()
+            features, _ = script.DefaultCollator(model)(samples)
+            batches = [{key: value.tolist() for key, value in feature.items()} for feature in features]
+            reps = []
+
+            def recorded(feature, model=model, reps=reps):
+                out = model(feature)
+                reps.append(out)
+                return out
+
+            trainer = types.SimpleNamespace(model=recorded, loss_function=HardNegativeNLLLoss(scale=scale))
+            loss = trainer_class.compute_loss(trainer, model, (features, None))
+            loss.backward()
+            grads = {lora_key(name): f32(p.grad) for name, p in sorted(model.named_parameters()) if "lora_" in name}
+            cases.append({"stage": stage, "scale": scale, "pooling_mode": mode, "family": "llama",
+                          "lora_r": TRAINING_LORA_R, "lora_alpha": 2 * TRAINING_LORA_R,
+                          "max_length": TRAINING_MAX_LENGTH, "padding_side": model.tokenizer.padding_side,
+                          "texts": [sample.texts for sample in samples], "batches": batches,
+                          "reps": [f32(rep.detach()) for rep in reps], "loss": f32(loss.detach()),
+                          "lora_grads": grads})
+    return cases
+
+
 def loss_cases() -> list[dict]:
     """`llm2vec.loss.HardNegativeNLLLoss` (run_simcse.py: scale 20; run_supervised.py: its default 50) on seeded
     random embeddings: 6 queries, positives, and hard negatives or none; the loss and its gradients."""
@@ -258,6 +345,31 @@ def main() -> None:
     if len(sys.argv) > 1:  # the official experiments/run_mntp.py (not part of the package): its MNTP computation
         record["mntp_script_sha256"] = sha256(Path(sys.argv[1]))
         record["mntp"] = mntp_cases(tokenizer_json, sys.argv[1])
+    # added after the cases above, which they leave as they were: bos_token, then the contrastive training step
+    for family in FAMILIES:
+        with tempfile.TemporaryDirectory() as folder:
+            model = AutoModelForCausalLM.from_config(tiny_config(family, len(tokenizer), "eager"))
+            seed_weights(model)
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            for instruction in ("", INSTRUCTION):
+                encoder = LLM2Vec.from_pretrained(folder, enable_bidirectional=True, pooling_mode="bos_token",
+                                                  max_length=512, torch_dtype=torch.float32,
+                                                  attn_implementation="eager")
+                inputs = [[instruction, s] for s in SENTENCES] if instruction else SENTENCES
+                embeddings = encoder.encode(inputs, batch_size=4, show_progress_bar=False, device="cpu")
+                record["cases"].append({"family": family, "attn_implementation": "eager",
+                                        "pooling_mode": "bos_token", "instruction": instruction,
+                                        "bidirectional": True, "batch_size": 4,
+                                        "embeddings": f32(embeddings.float())})
+    if len(sys.argv) > 3:  # experiments/run_simcse.py and run_supervised.py: their training step
+        import accelerate
+        import peft
+
+        record["training_scripts_sha256"] = {"run_simcse.py": sha256(Path(sys.argv[2])),
+                                             "run_supervised.py": sha256(Path(sys.argv[3]))}
+        record["training_environment"] = {"peft": peft.__version__, "accelerate": accelerate.__version__}
+        record["training"] = training_cases(tokenizer_json, sys.argv[2], sys.argv[3])
     OUT.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {OUT} ({len(record['cases'])} cases)")
 

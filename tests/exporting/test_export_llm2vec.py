@@ -22,6 +22,7 @@ from promptemb.inference import load_encoder
 from promptemb.inference.model_sources import open_trained_model
 from promptemb.lightning_modules.checkpoint import load_module_checkpoint
 from promptemb.lightning_modules.llm2vec import LLM2VecContrastive, LLM2VecMNTP
+from promptemb.lightning_modules.recipe import RECORD_KEY
 from tests.decoder_helpers import SENTENCES, save_tiny_decoder
 from tests.exporting.test_export_decoder import sentence_transformer
 from tests.helpers import assert_close_scaled
@@ -52,7 +53,8 @@ def save_checkpoint(module, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    """(base model dir, MNTP checkpoint, contrastive checkpoint on it, eos_token + instruction checkpoint)."""
+    """(base model dir, MNTP checkpoint, contrastive checkpoint on it, eos_token + instruction checkpoint,
+    bos_token + instruction checkpoint)."""
     root = tmp_path_factory.mktemp("llm2vec_chain")
     base = save_tiny_decoder(root / "llama", "llama", layers=2, hidden=32)
     mntp = LLM2VecMNTP(str(base), lora_r=2, lora_alpha=4, lora_dropout=0.0, max_sentence_tokens=24)
@@ -66,7 +68,10 @@ def chain(tmp_path_factory):
                              instruction="Retrieve a similar sentence:", padding_side="right")
     seeded_adapter(eos, 3)
     eos_ckpt = save_checkpoint(eos, root / "eos.ckpt")
-    return base, mntp_ckpt, simcse_ckpt, eos_ckpt
+    bos = LLM2VecContrastive(str(base), pooling_mode="bos_token", lora_r=2, lora_alpha=4,
+                             instruction="Retrieve a similar sentence:")
+    seeded_adapter(bos, 4)
+    return base, mntp_ckpt, simcse_ckpt, eos_ckpt, save_checkpoint(bos, root / "bos.ckpt")
 
 
 def scored(path: Path, sentences) -> np.ndarray:
@@ -77,10 +82,10 @@ def scored(path: Path, sentences) -> np.ndarray:
     return encoder.embed(sentences, [pooler], module.eval_template, module.hparams.sentence_rule)[pooler.name]
 
 
-@pytest.mark.parametrize("which", ["mntp", "simcse", "eos"])
+@pytest.mark.parametrize("which", ["mntp", "simcse", "eos", "bos"])
 def test_checkpoint_export_and_evaluate_give_the_recipe_embeddings(chain, which, tmp_path):
-    _, mntp, simcse, eos = chain
-    ckpt = {"mntp": mntp, "simcse": simcse, "eos": eos}[which]
+    _, mntp, simcse, eos, bos = chain
+    ckpt = {"mntp": mntp, "simcse": simcse, "eos": eos, "bos": bos}[which]
     reference = scored(ckpt, CASES)
     assert np.abs(reference).max() > 0.1
     out = export_checkpoint(ckpt, tmp_path / "merged")  # adapter=merge is the default
@@ -104,12 +109,14 @@ def test_checkpoint_export_and_evaluate_give_the_recipe_embeddings(chain, which,
     if which == "eos":
         assert record["llm2vec"]["eos_suffix"] == " </s>" and record["decoder"]["padding_side"] == "right"
         assert record["llm2vec"]["instruction"] == "Retrieve a similar sentence:"
+    if which == "bos":
+        assert record["llm2vec"]["pooling_mode"] == "bos_token"
 
 
 def test_bidirectional_attention_is_what_the_export_runs(chain, tmp_path):
     """The exported module's forward without the bidirectional mask (a plain causal forward) gives other
     embeddings: the export carries the attention change, not only the weights."""
-    _, mntp, _, _ = chain
+    _, mntp, *_ = chain
     out = export_checkpoint(mntp, tmp_path / "merged")
     model = sentence_transformer(out)
     module = model[0]
@@ -123,7 +130,7 @@ def test_bidirectional_attention_is_what_the_export_runs(chain, tmp_path):
 
 
 def test_a_kept_adapter_exports_when_no_mntp_adapter_is_merged(chain, tmp_path):
-    _, mntp, simcse, _ = chain
+    _, mntp, simcse, *_ = chain
     reference = scored(mntp, CASES)
     kept = export_checkpoint(mntp, tmp_path / "kept", adapter="keep")
     assert (kept / "adapter" / "adapter_model.safetensors").is_file() and not (kept / "model.safetensors").exists()
@@ -136,14 +143,14 @@ def test_a_kept_adapter_exports_when_no_mntp_adapter_is_merged(chain, tmp_path):
 
 
 def test_the_mntp_adapter_a_checkpoint_was_trained_on_must_be_the_recorded_one(chain, tmp_path):
-    base, mntp, simcse, _ = chain
+    base, mntp, simcse, *_ = chain
     moved = tmp_path / "simcse.ckpt"
     checkpoint = torch.load(simcse, weights_only=True)
     other_mntp = tmp_path / "mntp.ckpt"
     module = LLM2VecMNTP(str(base), lora_r=2, lora_alpha=4, lora_dropout=0.0)
     seeded_adapter(module, 7)
     save_checkpoint(module, other_mntp)
-    checkpoint["hyper_parameters"]["mntp_adapter"] = str(other_mntp)
+    checkpoint[RECORD_KEY]["arguments"]["mntp_adapter"] = str(other_mntp)  # what the loader rebuilds from
     torch.save(checkpoint, moved)
     with pytest.raises(DataError) as caught:
         load_encoder(moved, device="cpu")
@@ -157,7 +164,7 @@ def test_the_mntp_adapter_a_checkpoint_was_trained_on_must_be_the_recorded_one(c
 
 
 def test_checkpoint_options_that_do_not_apply_are_one_line(chain, tmp_path):
-    _, mntp, _, _ = chain
+    _, mntp, *_ = chain
     with pytest.raises(ConfigError) as caught:
         export_checkpoint(mntp, tmp_path / "out", pooler="last_token")
     assert "\n" not in str(caught.value) and "pooler=llm2vec" in str(caught.value)
@@ -181,7 +188,7 @@ def test_train_py_chain_then_evaluate_py_and_export_score_as_training_did(chain,
     train(checked(compose_train([*tiny_overrides("quickstart_llm2vec_simcse", base, real_data_root, simcse_run,
                                                  None), *steps,
                                  f"model.mntp_adapter={mntp_run / 'checkpoints' / 'last.ckpt'}",
-                                 f"export_dir={simcse_run / 'export'}"])))
+                                 f"export_dir={simcse_run / 'export'}", "model.train_pooling=evaluation"])))
     trained = json.loads((simcse_run / "results.json").read_text())
     expected = trained["scores"]["mask"]["STSBenchmark"]
     best = best_checkpoint(simcse_run)

@@ -1,6 +1,7 @@
 """LLM2Vec's recipes: MNTP's masking, loss and LoRA gradients against the official run_mntp.py computation
 (tests/llm2vec_0.2.3.json `mntp`, made by tests/llm2vec_official_references.py with llm2vec 0.2.3 and
-transformers 4.44.2), to <= 1e-4 of the official tensor's largest entry; the refusals before any weight loads."""
+transformers 4.44.2), to <= 1e-4 of the official tensor's largest entry; the contrastive stages' training step
+against run_simcse.py's and run_supervised.py's `compute_loss` (`training`); the refusals before any weight loads."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from promptemb.common.errors import ConfigError
 from promptemb.lightning_modules.llm2vec import LLM2VecContrastive, LLM2VecMNTP
 from tests.decoder_helpers import save_tiny_decoder
 from tests.helpers import assert_close_scaled, assert_tensors_close
-from tests.llm2vec_official_references import MNTP_MAX_LENGTH, SENTENCES, lora_key, seed_lora
+from tests.llm2vec_official_references import (
+    E5_INSTRUCTION,
+    MNTP_MAX_LENGTH,
+    SENTENCES,
+    lora_key,
+    seed_lora,
+    training_triplets,
+)
 from tests.poolers.test_llm2vec import REFERENCE, save_reference_model
 from tests.training.test_train import nli_csv  # noqa: F401 (a fixture)
 
@@ -29,6 +37,83 @@ def mntp(request, tmp_path_factory):
     seed_lora(module.transformer)
     module.train()
     return case, module
+
+
+#: the contrastive training step against the official one: reps and loss (float32 forwards of the same
+#: computation, positions included: the official ones count the padding)
+TRAINING_RTOL = 1e-5
+
+
+def case_name(case: dict) -> str:
+    return f"{case['stage']}-{case['pooling_mode']}"
+
+
+@pytest.fixture(scope="module")
+def reference_llama(tmp_path_factory):
+    return save_reference_model(tmp_path_factory.mktemp("l2v_training"), "llama")
+
+
+def official_recipe(directory, case: dict, **overrides) -> LLM2VecContrastive:
+    """The recipe as the reference case trained: LoRA r 4 seeded as the official one, every dropout 0."""
+    supervised = case["stage"] == "supervised"
+    arguments = {"views": "triplets" if supervised else "dropout", "pooling_mode": case["pooling_mode"],
+                 "instruction": E5_INSTRUCTION if supervised else "", "temperature": 1 / case["scale"],
+                 "lora_r": case["lora_r"], "lora_alpha": case["lora_alpha"], "lora_dropout": 0.0,
+                 "attention_dropout": 0.0, "max_length": case["max_length"], **overrides}
+    module = LLM2VecContrastive(str(directory), **arguments)
+    seed_lora(module.transformer)
+    return module.train()
+
+
+def training_batch(case: dict) -> list:
+    return [texts[0] for texts in case["texts"]] if case["stage"] == "simcse" else training_triplets()
+
+
+@pytest.mark.parametrize("case", REFERENCE["training"], ids=case_name)
+def test_official_training_rows_are_the_collators(reference_llama, case):
+    """The rows each official collator hands `LLM2Vec.forward`, one view (column) at a time: the same ids, left
+    padding with EOS, attention mask, and `embed_mask` (SimCSE: none, so all zero; supervised: the text after the
+    separator, the eos_token end text included, E5's `instruction; ` on the queries not)."""
+    from promptemb.encoder.inputs import POOLED
+    from promptemb.lightning_modules.llm2vec import official_rows
+
+    module = official_recipe(reference_llama, case)
+    builders = module.official_builders
+    if case["stage"] == "simcse":
+        columns = [(builders["simcse"], training_batch(case))] * 2
+    else:
+        triplets = training_batch(case)
+        columns = [(builders["query" if index == 0 else "document"], [t[index] for t in triplets])
+                   for index in range(3)]
+    for (builder, texts), expected in zip(columns, case["batches"], strict=True):
+        batch = official_rows(builder.build(texts), module.tokenizer.eos_token_id)
+        assert batch.input_ids.tolist() == expected["input_ids"]
+        assert batch.attention_mask.tolist() == expected["attention_mask"]
+        embed_mask = (batch.roles == POOLED).long() if case["stage"] == "supervised" else 0 * batch.roles
+        assert embed_mask.tolist() == expected["embed_mask"]
+
+
+@pytest.mark.parametrize("case", REFERENCE["training"], ids=case_name)
+def test_training_step_matches_official_compute_loss(reference_llama, case):
+    """`train_pooling=official` (the default): the views' reps, the loss (InfoNCE at τ = 1/scale, the official
+    `HardNegativeNLLLoss`) and every LoRA gradient equal the official trainer's `compute_loss` on the same batch,
+    to <= 1e-5 of the official tensor's largest entry (gradients 1e-4). SimCSE weighted_mean: zero vectors, the
+    loss log N and no gradient, as the official step."""
+    module = official_recipe(reference_llama, case)
+    module.zero_grad()
+    views = [view for view in module.contrastive_views(training_batch(case)) if view is not None]
+    loss = module.contrastive_objective(*views, None) if len(views) == 2 else module.contrastive_objective(*views)
+    loss.backward()
+    assert len(views) == len(case["reps"])
+    for index, (view, expected) in enumerate(zip(views, case["reps"], strict=True)):
+        assert_close_scaled(view, torch.tensor(expected), TRAINING_RTOL, msg=f"{case_name(case)} reps {index}")
+    assert_close_scaled(loss.detach().reshape(1), torch.tensor([case["loss"]]), TRAINING_RTOL, msg="loss")
+    grads = {lora_key(name): p.grad for name, p in module.transformer.named_parameters() if "lora_" in name}
+    expected = {key: torch.tensor(value) for key, value in case["lora_grads"].items()}
+    if all(not tensor.any() for tensor in expected.values()):  # SimCSE weighted_mean: nothing trains
+        assert all(grad is None or not grad.any() for grad in grads.values())
+        return
+    assert_tensors_close(grads, expected, RTOL)
 
 
 def test_mask_token_and_masking_match_official(mntp):
@@ -117,13 +202,16 @@ def test_contrastive_loss_is_the_official_hard_negative_nll(case):
         assert_close_scaled(tensor.grad, torch.tensor(expected), RTOL)
 
 
-def test_simcse_views_are_two_dropout_draws_of_the_bidirectional_mean(tiny_llama):
-    """The SimCSE step embeds each sentence twice (attention dropout makes the views differ) with the evaluation's
-    pooler; in eval mode both views equal `embed`, which equals evaluate.py's llm2vec_mean of the same model."""
+@pytest.mark.parametrize("train_pooling", ["official", "evaluation"])
+def test_simcse_views_are_two_dropout_draws_of_the_bidirectional_mean(tiny_llama, train_pooling):
+    """The SimCSE step embeds each sentence twice (attention dropout makes the views differ); in eval mode both
+    views agree. `embed` (what the model is scored with) equals evaluate.py's llm2vec_mean of the same model; so do
+    the views with `train_pooling=evaluation`, while the official views average the padding and `<s>` too."""
     from promptemb.encoder.model import Encoder
     from promptemb.poolers import build_pooler
 
-    module = LLM2VecContrastive(str(tiny_llama), attention_dropout=0.3, lora_r=2, lora_alpha=4)
+    module = LLM2VecContrastive(str(tiny_llama), attention_dropout=0.3, lora_r=2, lora_alpha=4,
+                                train_pooling=train_pooling)
     sentences = SENTENCES[:4]
     module.train()
     first, second, negatives = module.contrastive_views(sentences)
@@ -133,8 +221,38 @@ def test_simcse_views_are_two_dropout_draws_of_the_bidirectional_mean(tiny_llama
         first, second, _ = module.contrastive_views(sentences)
     assert_close_scaled(first, second, 1e-6)
     encoder = Encoder.from_model(module.transformer, module.tokenizer, name=str(tiny_llama))
-    expected = encoder.embed(sentences, [build_pooler("llm2vec_mean")])["llm2vec_mean"]
-    assert_close_scaled(module.embed(sentences), torch.as_tensor(expected), 1e-5)
+    expected = torch.as_tensor(encoder.embed(sentences, [build_pooler("llm2vec_mean")])["llm2vec_mean"])
+    assert_close_scaled(module.embed(sentences), expected, 1e-5)
+    if train_pooling == "evaluation":
+        assert_close_scaled(first, expected, 1e-5)
+    else:
+        assert (first - expected).abs().max() > 1e-2 * expected.abs().max()
+
+
+def test_unknown_train_pooling_is_one_line_before_any_weight_loads(tiny_llama, monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ConfigError, match=r"^unknown train_pooling 'clean'; valid: official \(as run_simcse\.py / "
+                                          r"run_supervised\.py pool the training views\), evaluation") as caught:
+        LLM2VecContrastive(str(tiny_llama), train_pooling="clean")
+    assert "\n" not in str(caught.value)
+
+
+def test_unknown_pooling_mode_from_the_command_line(tmp_path):
+    """`train.py experiment=quickstart_llm2vec_simcse model.pooling_mode=cls`: one line, exit 2, before any weight
+    loads (the model directory has none) and nothing written."""
+    from tests.helpers import assert_one_line_error
+    from tests.training.test_train import run_train
+
+    model = save_reference_model(tmp_path / "config_only", "llama")
+    for weights in model.glob("*.safetensors"):
+        weights.unlink()
+    out = tmp_path / "out"
+    proc = run_train("experiment=quickstart_llm2vec_simcse", f"backbone.name_or_path={model}",
+                     "model.pooling_mode=cls", f"output_dir={out}")
+    assert_one_line_error(proc, r"^error: LLM2VecContrastive: LLM2Vec has no pooling mode 'cls'; valid: mean, "
+                                r"weighted_mean, eos_token, last_token, bos_token$", out)
 
 
 def test_mntp_adapter_is_merged_before_the_contrastive_adapter(tiny_llama, tmp_path):
@@ -210,7 +328,10 @@ def test_gradient_caching_replays_the_simcse_dropout(tiny_llama, monkeypatch):
     module.double().train()
     assert module.hparams.attention_dropout == 0.3 and module.hparams.lora_dropout == 0.05
     batch = DDP_SENTENCES[:5]
+    # the official views of every chunk are padded to the whole batch's width, in the reference as in the step
+    module.view_width = max(len(item.input_ids) for item in module.official_builders["simcse"].build(batch))
     reference = chunked_with_graph(module, batch, 2)
+    module.view_width = None
     loss, _, grads = contrastive_step(module, batch)
     assert_close_scaled(loss, reference[0], 0.0, atol=DDP_TOL * LOGIT_SCALE, msg="loss")
     assert_tensors_close(grads, reference[1], DDP_TOL)

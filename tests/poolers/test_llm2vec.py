@@ -1,7 +1,7 @@
 """LLM2Vec's bidirectional decoders and poolers against the official package's embeddings (llm2vec 0.2.3 =
 McGill-NLP/llm2vec@312adcf, tests/llm2vec_0.2.3.json made by tests/llm2vec_official_references.py in a side venv with
-transformers 4.44.2): tiny random LLaMA, Mistral, Qwen2 and Gemma, float32, every pooling mode with and without an
-instruction, to <= 1e-4 of the official tensor's largest entry."""
+transformers 4.44.2): tiny random LLaMA, Mistral, Qwen2 and Gemma, float32, every pooling mode (bos_token included)
+with and without an instruction, to <= 1e-4 of the official tensor's largest entry."""
 
 from __future__ import annotations
 
@@ -116,14 +116,57 @@ def test_instruction_is_not_pooled_and_eos_text(reference_models):
 
 
 @pytest.mark.parametrize(("name", "args", "pattern"), [
-    ("llm2vec", {"pooling_mode": "bos_token"}, r"^pooler 'llm2vec': LLM2Vec has no pooling mode 'bos_token'; "
-                                               r"valid: mean, weighted_mean, eos_token, last_token$"),
+    ("llm2vec", {"pooling_mode": "cls"}, r"^pooler 'llm2vec': LLM2Vec has no pooling mode 'cls'; "
+                                         r"valid: mean, weighted_mean, eos_token, last_token, bos_token$"),
     ("llm2vec_mean", {"eos": "mine"}, r"unknown eos 'mine'; valid: official, tokenizer"),
 ])
 def test_bad_arguments_are_one_line(name, args, pattern):
     with pytest.raises(ConfigError, match=pattern) as caught:
         build_pooler(name, **args)
     assert "\n" not in str(caught.value)
+
+
+def test_bos_token_pools_the_bos_and_needs_a_tokenizer_that_writes_one(reference_models):
+    """bos_token is the state at `<s>`, the first real position of each row on either padding side; a tokenizer
+    that writes no BOS in front of a text (GPT-2's) is refused in one line."""
+    from types import SimpleNamespace
+
+    from promptemb.encoder.decoder import DecoderInputBuilder
+    from tests.decoder_helpers import train_tokenizer
+
+    encoder = reference_models("llama", "eager")
+    pooler, mean = build_pooler("llm2vec_bos_token"), build_pooler("llm2vec_mean")
+    encoder.check_poolers([pooler, mean], None)
+    assert pooler.bos_id == encoder.tokenizer.bos_token_id == 1
+    for side in ("left", "right"):
+        builder = DecoderInputBuilder(encoder.tokenizer, pooler.input_form(), 512, side)
+        batch = builder.collate(builder.build(REFERENCE["sentences"][:3]))
+        out = encoder.forward(batch, pooler.needs, builder)
+        first = batch.attention_mask.argmax(1)  # the first real token, <s>
+        assert (batch.input_ids[torch.arange(3), first] == 1).all()
+        assert torch.equal(pooler(out), out.layer(-1)[torch.arange(3), first])
+    with pytest.raises(ConfigError, match=r"^pooler 'llm2vec_bos_token': pooling_mode bos_token pools the BOS "
+                                          r"token, but the tokenizer writes none in front of a text; use another "
+                                          r"pooling mode$"):
+        pooler.bind_encoder(SimpleNamespace(tokenizer=train_tokenizer("gpt2"), transformer=None))
+
+
+def test_unknown_pooling_mode_from_the_command_line(mini_data, tmp_path):
+    """`evaluate.py +pooler_args.llm2vec.pooling_mode=cls`: one line, exit 2, before any weight loads (the model
+    directory has none) and nothing written."""
+    from tests.evaluation.test_evaluate_cli import evaluate
+    from tests.helpers import assert_one_line_error
+
+    root, registry = mini_data
+    model = save_reference_model(tmp_path / "config_only", "llama")
+    for weights in model.glob("*.safetensors"):
+        weights.unlink()
+    out = tmp_path / "out"
+    proc = evaluate("backbone=decoder", f"backbone.name_or_path={model}", "poolers=[llm2vec]",
+                    "+pooler_args.llm2vec.pooling_mode=cls", "tasks=[MINI-B]", f"task_registry={registry}",
+                    f"output_dir={out}", data_root=root)
+    assert_one_line_error(proc, r"^error: pooler 'llm2vec': LLM2Vec has no pooling mode 'cls'; valid: mean, "
+                                r"weighted_mean, eos_token, last_token, bos_token$", out)
 
 
 def test_unsupported_family_is_refused_before_its_weights_load(tmp_path, monkeypatch):
