@@ -187,7 +187,8 @@ def test_minilm_mean_exports_natively_as_evaluate_py_scores_it(real_data_root, t
              .read_text(encoding="utf-8").splitlines()[:40]] + ["word " * 300]  # past 256 tokens: truncated
     native = tmp_path / "minilm-mean"
     # max_length 256: evaluate.py's MiniLM backbone (configs/backbone/minilm.yaml, its sentence-transformers limit)
-    run = export_cli(f"pretrained={MINILM}", "template.text='[X]'", "pooler=avg", "max_length=256", f"output_dir={native}")
+    run = export_cli(f"pretrained={MINILM}", "template.text='[X]'", "pooler=avg", "max_length=256",
+                     f"output_dir={native}")
     assert run.returncode == 0, run.stderr[-3000:]
     scored = encode_file(MINILM, "mean", lines, real_data_root, tmp_path)  # evaluate.py's `mean` of the plain model
     st = native_model(native)
