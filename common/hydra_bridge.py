@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from promptemb.common.errors import ConfigError, UserError
+from promptemb.common.errors import ConfigError, UserError, exit_on_user_error
 from promptemb.common.run_context import RunContext
 from promptemb.configs import CONFIG_DIR
 
@@ -90,8 +90,8 @@ class Application:
         GlobalHydra.instance().clear()
 
     def multirun(self, config_name: str, task: Callable[[DictConfig], Any], overrides: list[str]) -> Any:
-        self.config_name = config_name
-        return self.hydra.multirun(config_name, task, overrides, with_log_configuration=True)
+        self.config_name = config_name  # each job's HydraConfig says MULTIRUN, as Hydra's main makes it for -m
+        return self.hydra.multirun(config_name, task, [*overrides, "hydra.mode=MULTIRUN"], with_log_configuration=True)
 
 
 def application(job_name: str) -> Application:
@@ -117,6 +117,7 @@ def hydra_main(config_name: str, work: Callable[[dict, RunContext], Any]) -> Any
     import hydra
 
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
+    @exit_on_user_error  # inside the job: Hydra's main would print a UserError as a traceback
     def task(cfg: DictConfig) -> Any:
         return work(plain(cfg), running_context())
 

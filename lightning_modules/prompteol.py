@@ -198,9 +198,10 @@ class PromptEOLSup(PromptContrastiveModule):
                                   padding_side=self.hparams.padding_side)
 
     def embed(self, sentences: list[str]) -> torch.Tensor:
-        """[N, D] evaluation embeddings (eval mode, no gradient) of raw sentences with the evaluation template."""
-        builder = DecoderInputBuilder(self.tokenizer, InputForm(self.eval_template, self.hparams.sentence_rule,
-                                                                self.hparams.max_sentence_tokens),
+        """[N, D] evaluation embeddings (eval mode, no gradient) of raw sentences with the evaluation template, as the
+        STS callback, evaluate.py and an export encode them: whole sentences (`max_sentence_tokens` cuts training
+        batches only)."""
+        builder = DecoderInputBuilder(self.tokenizer, InputForm(self.eval_template, self.hparams.sentence_rule, None),
                                       self.max_length, self.hparams.padding_side)
         was_training = self.training
         self.eval()

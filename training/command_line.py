@@ -88,14 +88,20 @@ def run(settings, context: RunContext, taken) -> float | None:
 
 
 def sweep_job(values: dict, context: RunContext) -> float | None:
-    """One job of `-m`: a refusal is recorded as that trial's failure (in its job folder) and the sweep goes on."""
-    with run_folder.outcome(context.job_dir, context) as result:
-        settings = checked(values, context)
-        if settings.hparams_search:
-            result.objective = run(settings, context, None)
-        else:
-            with run_folder.take(settings, context) as taken:
-                result.objective = _train(settings, context, taken)
+    """One job of `-m`: a refusal is recorded as that trial's failure (in its job folder) and the sweep goes on;
+    Ctrl-C ends the whole sweep here, with its one line (Hydra would record the job's exception and launch the rest
+    of the batch first)."""
+    try:
+        with run_folder.outcome(context.job_dir, context) as result:
+            settings = checked(values, context)
+            if settings.hparams_search:
+                result.objective = run(settings, context, None)
+            else:
+                with run_folder.take(settings, context) as taken:
+                    result.objective = _train(settings, context, taken)
+    except run_folder.RunInterruptedError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(err.exit_code) from None
     return result.objective
 
 

@@ -138,8 +138,8 @@ def test_members_of_different_sizes_are_refused(tiny_bert, monkeypatch):
     ("poolers=[ensemble(pcot,ke)]", r"^error: Hydra reads \[ensemble\(pcot,ke\)\] as a function call; join the "
                                     r"members of a pooler ensemble with '\+': poolers=\[pcot\+ke\]"),
 ])
-def test_cli_bad_ensemble_is_one_line(tiny_llama, override, pattern, tmp_path):
+def test_cli_bad_ensemble_is_one_line(tiny_llama, override, pattern, real_data_root, tmp_path):
     out = tmp_path / "out"
     proc = evaluate("backbone=decoder", f"backbone.name_or_path={tiny_llama}", override, "tasks=[STSBenchmark]",
-                    f"output_dir={out}")
+                    f"output_dir={out}", data_root=real_data_root)
     assert_one_line_error(proc, pattern, out)

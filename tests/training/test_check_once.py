@@ -71,8 +71,10 @@ def test_a_run_its_resume_and_each_multirun_job_are_checked_once(tiny_bert, real
                            cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the first job's keys checked before the sweep starts (a key no job takes is refused once, not recorded as a
-    # failure of each), Hydra's composition of the sweep, then one per job, each checked in it
-    assert counts == {"compositions": 4, "train": 3, "evaluate": 0, "lineage": 0}
+    # failure of each), Hydra's composition of the sweep, then two per job, each job checked once in it: Hydra's
+    # basic sweeper composes every job of a batch to validate it (Sweeper.validate_batch_is_legal) before the
+    # launcher composes it again to run it
+    assert counts == {"compositions": 6, "train": 3, "evaluate": 0, "lineage": 0}
 
 
 @pytest.mark.slow

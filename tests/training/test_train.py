@@ -61,11 +61,12 @@ def tiny_overrides(name, tiny_bert, root, out, nli_csv):
 
 
 def test_experiment_list():
-    assert experiment_names() == ["angle_nli", "angle_stsb", "dcpcse_sup", "dcpcse_unsup", "llm2vec_mntp",
-                                  "llm2vec_simcse", "llm2vec_sup", "optiprompt", "optiprompt_roberta", "pcc_tuning",
+    assert experiment_names() == ["angle_nli", "angle_stsb", "cotbert_unsup", "cotbert_unsup_roberta",
+                                  "dcpcse_sup", "dcpcse_unsup", "llm2vec_mntp", "llm2vec_simcse", "llm2vec_sup",
+                                  "optiprompt", "optiprompt_roberta", "pcc_tuning",
                                   "promptbert_sup", "promptbert_sup_roberta", "promptbert_unsup",
                                   "promptbert_unsup_roberta", "prompteol_sup", "quickstart_angle",
-                                  "quickstart_angle_triplets", "quickstart_dcpcse_sup",
+                                  "quickstart_angle_triplets", "quickstart_cotbert", "quickstart_dcpcse_sup",
                                   "quickstart_dcpcse_unsup", "quickstart_llm2vec_mntp",
                                   "quickstart_llm2vec_mntp_smollm2", "quickstart_llm2vec_simcse",
                                   "quickstart_llm2vec_simcse_smollm2", "quickstart_llm2vec_sup",
