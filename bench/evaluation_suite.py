@@ -11,7 +11,7 @@ checks: the process wall less evaluate.py's own `wall_time_s`), model loading + 
 `wall_time_s` outside encoding and scoring), and per family the encoding and the scoring (STS: cosine / Spearman;
 transfer: the SentEval classifiers; clustering: k-means), their sums, the sentences encoded per second, and the
 ratio of the non-encoding part (classifiers + k-means + STS scoring) to encoding. Extra arguments go to evaluate.py
-unchanged (e.g. `backbone.max_batch_tokens=32768`, `+clustering_args.kmeans=sklearn`). `--threads N` runs
+unchanged (e.g. `backbone.max_batch_tokens=32768`, `+family_args.clustering.kmeans=sklearn`). `--threads N` runs
 evaluate.py with N OpenMP/MKL threads (torch's intra-op threads; default: the machine's). `--output` writes the
 figures and the scores as JSON.
 """
@@ -97,7 +97,8 @@ def main() -> None:
     print(f"  start-up (imports, config checks)  {figures['start_up_s']:7.1f} s")
     print(f"  model load, data checks, report    {figures['load_and_report_s']:7.1f} s")
     for family, part in figures["families"].items():
-        print(f"  {family:10s} encoding {part['encode_s']:7.1f} s   {SCORING[family]} {part['score_s']:7.1f} s")
+        scoring = SCORING.get(family, "scoring")
+        print(f"  {family:10s} encoding {part['encode_s']:7.1f} s   {scoring} {part['score_s']:7.1f} s")
     print(f"  encoding total {figures['encode_s']:.1f} s ({figures['sentences_per_s']} sentences/s); "
           f"classifiers + k-means + STS scoring {figures['score_s']:.1f} s = "
           f"{figures['non_encoding_over_encoding']}x encoding")

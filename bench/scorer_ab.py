@@ -29,8 +29,9 @@ from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import get_tasks
 from promptemb.encoder.model import Encoder
 from promptemb.evaluation import clustering, transfer
-from promptemb.evaluation.labeled_scoring import LabeledTask, effective_truncation
-from promptemb.evaluation.sts import SentenceIndex
+from promptemb.evaluation.encoding_pass import SentenceIndex
+from promptemb.evaluation.family import effective_truncation
+from promptemb.evaluation.labeled_scoring import LabeledFamily, LabeledTask
 from promptemb.poolers import build_poolers
 
 #: what must agree between the two sides' records
@@ -47,11 +48,11 @@ def load_module(name: str, path: Path):
 
 def score(task: LabeledTask, embeddings: np.ndarray, transfer_module, clustering_module) -> dict:
     if task.spec.family == "clustering":
-        part = task.rows["all"]
+        part = task.splits["all"]
         return clustering_module.evaluate_clustering(embeddings[part["left"]], part["labels"],
                                                      clustering_module.ClusteringConfig())
-    classes = int(max(part["labels"].max() for part in task.rows.values())) + 1
-    data = transfer_module.TransferData(task.spec.record["protocol"], task.rows, classes,
+    classes = int(max(part["labels"].max() for part in task.splits.values())) + 1
+    data = transfer_module.TransferData(task.spec.record["protocol"], task.splits, classes,
                                         f1=bool(task.spec.record.get("f1")))
     return transfer_module.evaluate_transfer(data, embeddings, transfer_module.ClassifierConfig())
 
@@ -76,7 +77,7 @@ def main() -> None:
     print(f"torch threads {torch.get_num_threads()}; baseline {args.baseline}")
     for spec in get_tasks(args.tasks):
         index = SentenceIndex()
-        task = LabeledTask.indexed(spec, spec.load_labeled(root), index)
+        task = LabeledFamily().index(spec, spec.load_labeled(root), index)
         cached = args.cache / f"{spec.name}.{args.pooler}.npy" if args.cache else None
         if cached is not None and cached.is_file():
             embeddings = np.load(cached)

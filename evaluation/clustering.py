@@ -1,5 +1,6 @@
 """Short-text clustering as the sentence-representations reference evaluates it (amazon-science, cited by the
-extraction study): `KMeans(n_clusters=#gold labels, random_state=trial, n_init=10)` for trial 0..9 on the frozen
+extraction study), the `clustering` evaluation family (`ClusteringFamily`; its settings `family_args.clustering.*`
+are `ClusteringConfig`'s): `KMeans(n_clusters=#gold labels, random_state=trial, n_init=10)` for trial 0..9 on the frozen
 embeddings; accuracy = the best one-to-one matching of clusters to labels (Hungarian algorithm on the confusion
 matrix, scipy's `linear_sum_assignment`) x100; NMI (scikit-learn, arithmetic normalisation) x100 alongside. Reported
 as mean and sample standard deviation (ddof=1, as the reference's pandas `std`) over the trials.
@@ -30,6 +31,7 @@ products sum in another order, so a point almost equidistant from two centres ca
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -44,6 +46,7 @@ from threadpoolctl import threadpool_limits
 
 from promptemb.common.device_profile import exact_matmuls
 from promptemb.common.errors import DataError
+from promptemb.evaluation.labeled_scoring import LabeledFamily, LabeledTask
 
 #: where the Lloyd runs happen: `auto` = on the scoring model's device when it is an accelerator, else scikit-learn
 #: on the CPU's cores; `sklearn` = scikit-learn always; `device` = the batched torch runs on the model's device
@@ -372,3 +375,29 @@ def evaluate_clustering(embeddings: np.ndarray, labels: np.ndarray, config: Clus
             "nmi": float(np.mean(nmi)), "nmi_std": float(np.std(nmi, ddof=ddof)), "trials": accuracy,
             "classes": classes, "examples": len(labels),
             "kmeans": "scikit-learn" if backend == "sklearn" else f"batched torch on {torch.device(device or 'cpu')}"}
+
+
+class ClusteringFamily(LabeledFamily):
+    """Short-text clustering: k-means with k = the number of gold labels, over `trials` seeds; Hungarian-matched
+    accuracy x100 (mean; std and NMI alongside)."""
+
+    name = "clustering"
+    title = "Short-text clustering"
+    summary = "KMeans(k = #labels, n_init=10), seeds 0..9, Hungarian accuracy x100 (mean; std and NMI in results.json)"
+    axis_label = "clustering accuracy x100"
+    Settings = ClusteringConfig
+
+    def score_task(self, task: LabeledTask, embeddings: np.ndarray) -> dict:
+        """k-means on the scoring model's device (`self.device`) or on the CPU's cores, as the settings' `kmeans`
+        picks."""
+        started = time.perf_counter()
+        part = task.splits["all"]
+        record = evaluate_clustering(embeddings[part["left"]], part["labels"], self.settings, device=self.device)
+        record["seconds"] = round(time.perf_counter() - started, 2)
+        return record
+
+    def describe(self) -> dict:
+        return self.settings.describe()
+
+    def describe_task(self, task: LabeledTask) -> dict:
+        return {**super().describe_task(task), "protocol": task.spec.record.get("protocol", "kmeans")}

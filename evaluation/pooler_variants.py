@@ -1,5 +1,5 @@
-"""Score poolers x post-processors from precomputed embeddings (no encoder here): used by `evaluate_sts` and by any
-caller that already holds embeddings of a sentence index (e.g. a training-time STS callback).
+"""Score poolers x post-processors from precomputed embeddings (no encoder here): used by every evaluation family
+(evaluation/family.py) and by any caller that already holds embeddings of a sentence index.
 
 A *variant* is one pooler's embeddings, raw or passed through one post-processor fitted on a named corpus; its
 label says both, e.g. `mean`, `mean+quantile_u(T)`, `idf(T)+whiten(W)`. With Matryoshka widths, each pooler is
@@ -34,8 +34,9 @@ class PooledEmbeddings:
 
 
 def task_rows(task) -> np.ndarray:
-    """Index rows of the task's unique sentences: its unlabeled corpus "T"."""
-    return np.unique(np.concatenate([task.left, task.right]))
+    """Index rows of the task's unique sentences, sorted: its unlabeled corpus "T" (evaluation/family.py
+    `IndexedTask.rows`)."""
+    return task.rows
 
 
 def post_processed(embeddings: np.ndarray, rows: np.ndarray, post: PostProcessor, fit_label: str,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
 from promptemb.common.io import atomic_write_json, atomic_write_text
 from promptemb.common.version import framework_version
+from promptemb.evaluation.families import FAMILIES
 from promptemb.evaluation.plots import TASK_ABBREVIATIONS, plot_scores
 
 
@@ -116,15 +118,23 @@ def analysis_table(analysis: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: Per family: markdown heading, protocol line, the PNG's y-axis label.
-FAMILY_REPORT = {
-    "sts": ("STS", "cosine, Spearman x100, SentEval 'all' setting", "Spearman x100 (cosine)"),
-    "transfer": ("SentEval transfer", "frozen embeddings, SentEval's linear classifier (nhid=0, Adam, L2 picked by "
-                 "SentEval's validation per task, seed 1111), test accuracy x100 (MRPC F1 in results.json)",
-                 "accuracy x100"),
-    "clustering": ("Short-text clustering", "KMeans(k = #labels, n_init=10), seeds 0..9, Hungarian accuracy x100 "
-                   "(mean; std and NMI in results.json)", "clustering accuracy x100"),
-}
+class FamilyWording(Mapping[str, tuple[str, str, str]]):
+    """Per registered evaluation family: its markdown heading, protocol line and the PNG's y-axis label (the family
+    class's `title`, `summary` and `axis_label`)."""
+
+    def __getitem__(self, family: str) -> tuple[str, str, str]:
+        cls = FAMILIES[family]
+        return (cls.title or family, cls.summary or f"{cls.primary_metric} of each task",
+                cls.axis_label or f"{cls.primary_metric} x100")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FAMILIES)
+
+    def __len__(self) -> int:
+        return len(FAMILIES)
+
+
+FAMILY_REPORT = FamilyWording()
 
 
 def plot_name(family: str) -> str:

@@ -1,6 +1,6 @@
 """One scoring session: what evaluate.py and the training callback both score with, built once from the same settings
 (`configs/scoring/`): the poolers, the post-processors and the corpus they are fitted on, the task registry, the
-transfer / clustering protocol settings, the analysis switch; then scoring and the report.
+evaluation families with their settings (`family_args`), the analysis switch; then scoring and the report.
 
     session = ScoringSession(ScoringSettings(poolers=["mean"], post=["quantile_u"]), data_root)
     result = session.score(encoder, ["STSBenchmark"], poolers, session.options(template, "none"))
@@ -12,40 +12,27 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from promptemb.common.errors import ConfigError
-from promptemb.common.validation import not_a_key
 from promptemb.data.fit_corpora import Corpora
 from promptemb.data.root import resolve_data_root
 from promptemb.data.tasks import REGISTRY_FILE, TaskSpec, get_tasks, load_registry
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import Template
-from promptemb.evaluation.analysis import analyse_task
-from promptemb.evaluation.clustering import ClusteringConfig
+from promptemb.evaluation.encoding_pass import check_scoring
+from promptemb.evaluation.families import build_families, check_task_families, evaluate_tasks
 from promptemb.evaluation.report import attach_scoring_details, scoring_provenance, write_report
 from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.settings import ScoringSettings
-from promptemb.evaluation.sts import check_scoring, evaluate_sts
-from promptemb.evaluation.task_families import evaluate_tasks
-from promptemb.evaluation.transfer import ClassifierConfig
+from promptemb.evaluation.sts import evaluate_sts
 from promptemb.poolers import build_poolers
 from promptemb.poolers.base import Pooler
 from promptemb.poolers.registry import argument_names
 from promptemb.postprocessing import build_posts
 
 
-def protocol_config(kind, overrides, key: str):
-    """`ClassifierConfig` / `ClusteringConfig` with the config's overrides (an unknown field is a config error)."""
-    values = dict(overrides or {})
-    valid = list(kind.__dataclass_fields__)
-    for name in values:
-        if name not in valid:
-            raise not_a_key(f"{key}.{name}", valid, f"{key} ({kind.__name__})")
-    return kind(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
-
-
 class ScoringSession:
     """Everything about scoring that does not depend on the model: built (and checked) at once, so an unknown pooler,
-    post-processor, fit corpus or protocol field fails before any model loads; the data root is resolved when first
-    needed."""
+    post-processor, fit corpus, evaluation family or family setting fails before any model loads; the data root is
+    resolved when first needed."""
 
     def __init__(self, settings: ScoringSettings, data_root: str | None = None, other_poolers: Sequence[str] = (),
                  poolers_required: bool = True):
@@ -63,8 +50,7 @@ class ScoringSession:
         self.posts = build_posts(list(settings.post), dict(settings.post_args or {}))
         Corpora.check_label(settings.fit_corpus)
         self.registry_file = Path(settings.task_registry) if settings.task_registry else REGISTRY_FILE
-        self.transfer_config = protocol_config(ClassifierConfig, settings.transfer_args, "transfer_args")
-        self.clustering_config = protocol_config(ClusteringConfig, settings.clustering_args, "clustering_args")
+        self.families = build_families(settings.family_args)
         self._corpora: Corpora | None = None
 
     @property
@@ -85,7 +71,10 @@ class ScoringSession:
         return self._corpora
 
     def tasks(self, names: Sequence[str]) -> list[TaskSpec]:
-        return get_tasks(list(names), self.corpora().registry)
+        """The tasks of `names` (task names and groups), each of a registered evaluation family."""
+        tasks = get_tasks(list(names), self.corpora().registry)
+        check_task_families(tasks, f"task_registry={self.registry_file}")
+        return tasks
 
     def options(self, template: Template | None, sentence_rule: str, max_sentence_tokens: int | None = None,
                 post_processors: bool = True, dims: Sequence[int] | None = None) -> ScoringOptions:
@@ -109,9 +98,8 @@ class ScoringSession:
         tasks = self.tasks(task_names)
         if not full:
             return evaluate_sts(encoder, tasks, self.corpora().root, poolers, options)
-        return evaluate_tasks(encoder, tasks, self.corpora().root, poolers, options,
-                              analyse=analyse_task if self.settings.analysis else None,
-                              transfer_config=self.transfer_config, clustering_config=self.clustering_config)
+        return evaluate_tasks(encoder, tasks, self.corpora().root, poolers, options, analysis=self.settings.analysis,
+                              families=self.families)
 
     def provenance(self, encoder: Encoder, options: ScoringOptions, poolers: list[Pooler], result: dict,
                    versions: dict | None = None) -> dict:

@@ -42,8 +42,7 @@ class ScoringSettings:
     fit_corpus: str = "T"  # each task's own sentences (data/fit_corpora.py)
     analysis: bool = False
     task_registry: str | None = None
-    transfer_args: dict | None = field(default_factory=dict)
-    clustering_args: dict | None = field(default_factory=dict)
+    family_args: dict | None = field(default_factory=dict)  # evaluation family -> its settings (evaluation/families.py)
     dims: Sequence[AtLeastOne] = ()  # Matryoshka widths: each pooler also scored on its first d components
 
     def __post_init__(self) -> None:
@@ -139,8 +138,7 @@ class EvaluateSettings(ModelSettings):
     post: list[str]
     post_args: OpenMap
     analysis: bool
-    transfer_args: OpenMap = Field(default_factory=dict)
-    clustering_args: OpenMap = Field(default_factory=dict)
+    family_args: OpenMap = Field(default_factory=dict)
     dims: list[AtLeastOne] = Field(default_factory=list)
     layers: list[NonNegativeInt] = Field(default_factory=list)
 

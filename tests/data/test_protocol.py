@@ -11,7 +11,7 @@ from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.checksums import verify_file
 from promptemb.data.readers import read_sick, read_sts_subset, read_stsb
 from promptemb.data.root import resolve_data_root
-from promptemb.data.tasks import STS_SUITE, get_tasks, load_registry
+from promptemb.data.tasks import get_tasks, load_registry
 from promptemb.encoder.model import Encoder
 from promptemb.evaluation.scoring_options import ScoringOptions
 from promptemb.evaluation.sts import SentenceIndex, evaluate_sts, spearman_x100
@@ -106,7 +106,7 @@ def test_truncated_sentences_are_counted_and_reported_once_per_task(mini_data, t
     tasks = get_tasks(["MINI12", "MINI-B"], load_registry(registry))
     encoder = Encoder(str(tiny_bert), progress=False)
     limit = 5
-    caplog.set_level(logging.WARNING, logger="promptemb.evaluation.sts")
+    caplog.set_level(logging.WARNING, logger="promptemb.evaluation.encoding_pass")
     result = evaluate_sts(encoder, tasks, root, build_poolers(["mean"]), ScoringOptions(max_sentence_tokens=limit))
     for spec in tasks:
         pairs = spec.load(root)
@@ -195,6 +195,30 @@ def test_unknown_task_lists_valid_ones():
         get_tasks(["STS17"])
 
 
+def test_a_registry_files_groups_and_records_are_checked(mini_data):
+    """A registry file's own groups expand like the built-in ones (`all`: every group's tasks); a group naming a task
+    the file does not hold, and a record without its format, split or main_score, are one line each."""
+    _, registry = mini_data
+    text = registry.read_text()
+    registry.write_text("groups:\n  pairs: [MINI-B, MINI-SICK]\n  years: [MINI12]\n" + text)
+    load_registry.cache_clear()
+    tasks = load_registry(registry)
+    assert [task.name for task in get_tasks(["years", "pairs"], tasks)] == ["MINI12", "MINI-B", "MINI-SICK"]
+    assert tasks.groups["all"] == ("MINI-B", "MINI-SICK", "MINI12")
+    with pytest.raises(ConfigError, match=r"valid groups: pairs, years, all$"):
+        get_tasks(["sts"], tasks)
+    registry.write_text("groups:\n  pairs: [MINI-B, STS12]\n" + text)
+    load_registry.cache_clear()
+    with pytest.raises(ConfigError, match=r"group pairs names 'STS12', which is not one of its tasks$"):
+        load_registry(registry)
+    registry.write_text("tasks:\n  X: {format: stsb, split: test}\n")
+    load_registry.cache_clear()
+    with pytest.raises(ConfigError, match=r"task X has no 'main_score'; every record names its format, split and "
+                                          r"main_score$"):
+        load_registry(registry)
+    load_registry.cache_clear()
+
+
 def test_real_registry_counts_and_checksums(real_data_root):
     """Every registered task on the real data: sha256 verified, the scored-pair counts of SentEval's "all" setting."""
     registry = load_registry()
@@ -202,5 +226,5 @@ def test_real_registry_counts_and_checksums(real_data_root):
                 "STSBenchmark-dev": 1500, "STSBenchmark-train": 5749, "SICKRelatedness": 4927}
     for name, count in expected.items():
         assert len(registry[name].load(real_data_root)) == count
-    assert set(STS_SUITE) <= set(registry)
+    assert registry.groups["sts"] == ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
     assert "SMT" not in {s["name"] for s in registry["STS13"].record["subsets"]}

@@ -13,7 +13,7 @@ from threadpoolctl import threadpool_limits
 
 from promptemb.common.errors import ConfigError, DataError
 from promptemb.data.labeled_readers import read_clustering
-from promptemb.data.tasks import TASK_GROUPS, TaskSpec, get_tasks, load_registry
+from promptemb.data.tasks import TaskSpec, get_tasks, load_registry
 from promptemb.evaluation.clustering import (
     ClusteringConfig,
     PlusPlusSeeder,
@@ -161,17 +161,18 @@ def test_transfer_reader_order_and_missing_split(tmp_path):
 def test_task_groups_mixing_and_unknown_names():
     registry = load_registry()
     assert [t.name for t in get_tasks(["MR", "agnews"], registry)] == ["MR", "agnews"]
-    assert [t.name for t in get_tasks(["transfer"], registry)] == list(TASK_GROUPS["transfer"])
-    assert len(get_tasks(["all"], registry)) == len(TASK_GROUPS["all"])
+    groups = registry.groups
+    assert [t.name for t in get_tasks(["transfer"], registry)] == list(groups["transfer"])
+    assert len(get_tasks(["all"], registry)) == len(groups["sts"] + groups["transfer"] + groups["clustering"])
     mixed = get_tasks(["STS12", "sts", "TREC"], registry)
-    assert [t.name for t in mixed] == [*TASK_GROUPS["sts"], "TREC"]
+    assert [t.name for t in mixed] == [*groups["sts"], "TREC"]
     assert {t.family for t in get_tasks(["clustering"], registry)} == {"clustering"}
     with pytest.raises(ConfigError) as err:
         get_tasks(["MR", "nope"], registry)
     message = str(err.value)
     assert "unknown task nope" in message and "MR" in message and "agnews" in message
     assert "valid groups: sts, transfer, clustering, all" in message
-    with pytest.raises(DataError, match="is a transfer task"):
+    with pytest.raises(DataError, match="format 'binary' has no scored pairs"):
         registry["MR"].load(Path("."))
 
 

@@ -253,8 +253,9 @@ def write_mini_labeled(root, registry_path) -> None:
 
 
 #: The mini transfer and clustering tasks at test scale: two folds, four epochs, two trials.
-SMALL_FAMILY_ARGS = ("+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+transfer_args.l2_grid=[0.001,0.01]",
-                     "+clustering_args.trials=2", "+clustering_args.n_init=2")
+SMALL_FAMILY_ARGS = ("+family_args.transfer.kfold=2", "+family_args.transfer.max_epoch=4",
+                     "+family_args.transfer.l2_grid=[0.001,0.01]", "+family_args.clustering.trials=2",
+                     "+family_args.clustering.n_init=2")
 
 
 def score_every_family(mini_data, model: Path, out: Path, *overrides: str) -> dict:
@@ -306,10 +307,10 @@ def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     assert results["families"]["transfer"]["details"]["mean"]["MINITR"]["l2"] == expected["l2"]
 
     bad = evaluate(f"backbone.name_or_path={tiny_bert}", f"task_registry={registry}", f"output_dir={tmp_path / 'x'}",
-                   "tasks=[MINITR]", "+transfer_args.folds=3", data_root=root)
+                   "tasks=[MINITR]", "+family_args.transfer.folds=3", data_root=root)
     assert bad.returncode == 2
-    assert ("transfer_args.folds is not a key of transfer_args (ClassifierConfig); did you mean "
-            "transfer_args.kfold?") in bad.stderr
+    assert ("family_args.transfer.folds is not a key of family_args.transfer (ClassifierConfig); did you mean "
+            "family_args.transfer.kfold?") in bad.stderr
 
 
 def test_transfer_on_a_device_in_full_float32():

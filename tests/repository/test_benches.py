@@ -85,8 +85,8 @@ def test_evaluation_suite(tiny6, real_data_root, tmp_path):
     report = tmp_path / "suite.json"
     out = bench("evaluation_suite.py", "--model", tiny6, "--tasks", "STSBenchmark,TREC,tweet", "--threads", 1,
                 "--output", report,
-                "+transfer_args.kfold=2", "+transfer_args.max_epoch=4", "+clustering_args.trials=2",
-                "+clustering_args.n_init=2", data_root=real_data_root)
+                "+family_args.transfer.kfold=2", "+family_args.transfer.max_epoch=4",
+                "+family_args.clustering.trials=2", "+family_args.clustering.n_init=2", data_root=real_data_root)
     assert re.search(r"^evaluate\.py process wall [\d.]+ s", out, re.M)
     for family, scoring in (("sts", "STS scoring"), ("transfer", "classifiers"), ("clustering", "k-means")):
         assert re.search(rf"^  {family} +encoding +[\d.]+ s +{scoring} +[\d.]+ s$", out, re.M)

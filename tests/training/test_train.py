@@ -476,8 +476,8 @@ def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(ti
     callback = sts_evaluation.STSEvaluationCallback.from_config(
         output_dir=str(tmp_path / "out"), data_root=str(root), final_tasks=["MINI-B", "MINITR", "MINICL"],
         task_registry=str(registry), poolers=["mean"], provenance={"seed": 1},
-        transfer_args={"kfold": 2, "max_epoch": 4, "l2_grid": [0.001, 0.01]},
-        clustering_args={"trials": 2, "n_init": 2})
+        family_args={"transfer": {"kfold": 2, "max_epoch": 4, "l2_grid": [0.001, 0.01]},
+                     "clustering": {"trials": 2, "n_init": 2}})
     logged = {}
 
     def record(loggers, result, key="final/sts", step=None, image_path=None):
