@@ -127,7 +127,7 @@ def measure(repo: Path, repeats: int, first_step: bool, scratch: Path) -> dict:
         step_file = scratch / "first-step"
         step_file.unlink(missing_ok=True)
         t0 = time.time()
-        run(repo, ["train.py", "experiment=quickstart_unsup", f"output_dir={scratch / 'run'}",
+        run(repo, ["train.py", "experiment=quickstart_unsup", f"output_dir={scratch / ('run-' + figures['commit'])}",
                    "+callbacks.first_step._target_=startup_first_step.FirstStepTimer"],
             {**env, "PYTHONPATH": str(scratch), "STARTUP_T0": str(t0), "STARTUP_FIRST_STEP_FILE": str(step_file)})
         figures["first_training_step_s"] = round(float(step_file.read_text()), 1) if step_file.exists() else None
@@ -141,7 +141,9 @@ def show(figures: dict) -> None:
     for name, row in figures["errors"].items():
         status = "one line" if row["error"] else "NOT a one-line error"
         print(f"  {name:24s} {row['seconds']:6.2f} s  {row['ratio_to_import_torch']:5.2f}x import torch  ({status})")
-    if "first_training_step_s" in figures:
+    if figures.get("first_training_step_s") is None and "first_training_step_s" in figures:
+        print("  quickstart's first training step: the run did not reach it")
+    elif "first_training_step_s" in figures:
         print(f"  quickstart's first training step after {figures['first_training_step_s']} s "
               f"({figures['first_training_step_s'] / torch_s:.1f}x import torch)")
     worst = max(row["ratio_to_import_torch"] for row in figures["errors"].values())

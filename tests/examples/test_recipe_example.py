@@ -90,7 +90,10 @@ def test_evaluate_export_and_sentence_transformers_give_the_scored_embeddings(wo
     assert proc.returncode == 0, proc.stderr[-3000:]
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(exported), device="cpu", trust_remote_code=True)
+    # [CLS] of the plain sentence: standard sentence-transformers modules, loaded without trust_remote_code
+    layout = json.loads((exported / "config.json").read_text())["promptemb"]["sentence_transformers"]
+    assert layout["format"] == "native"
+    model = SentenceTransformer(str(exported), device="cpu")
     reloaded = model.encode(sentences.read_text().splitlines())
     assert_close_scaled(reloaded, np.load(encoded), 1e-6)
 
