@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -36,6 +36,12 @@ class PreemptedError(UserError):
     exit_code = 143  # 128 + SIGTERM, what schedulers expect from a terminated job
 
 
+def exit_with(err: UserError) -> NoReturn:
+    """The one-line `error: ...` on stderr and the error's exit code (2 unless its class says otherwise)."""
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    sys.exit(getattr(err, "exit_code", 2))
+
+
 def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
     """Turn a `UserError` raised by an entry point into one `error: ...` line on stderr and its exit code (2 unless
     the error class says otherwise)."""
@@ -45,7 +51,6 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(*args, **kwargs)
         except UserError as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            sys.exit(getattr(err, "exit_code", 2))
+            exit_with(err)
 
     return wrapper

@@ -13,7 +13,7 @@ import contextlib
 import sys
 
 from promptemb.common.cli import check_command_line, group_options, run_command, split_override
-from promptemb.common.errors import ConfigError
+from promptemb.common.errors import ConfigError, exit_with
 from promptemb.common.hydra_bridge import compose, compose_config, plain
 from promptemb.common.run_context import RunContext
 from promptemb.training import run_folder  # registers the `promptemb.run_dir` resolver before anything composes
@@ -100,8 +100,7 @@ def sweep_job(values: dict, context: RunContext) -> float | None:
                 with run_folder.take(settings, context) as taken:
                     result.objective = _train(settings, context, taken)
     except run_folder.RunInterruptedError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(err.exit_code) from None
+        exit_with(err)
     return result.objective
 
 
