@@ -28,7 +28,7 @@ import torch
 
 from promptemb.common.bounds import AtLeastOne
 from promptemb.common.device_profile import profile_of
-from promptemb.common.errors import DivergenceError
+from promptemb.common.errors import ConfigError, DivergenceError
 from promptemb.common.instantiate import keywords_of, split_keywords
 from promptemb.common.io import atomic_write_json
 from promptemb.data.mined_triplets import mined_summary
@@ -105,12 +105,13 @@ class STSEvaluationCallback(pl.Callback):
 
     @classmethod
     def check_config(cls, node: dict) -> None:
-        """What `from_config` refuses about the scoring (poolers, post-processors, their arguments), checked with
-        train.py's settings, before any model loads."""
+        """What `from_config` refuses about the scoring (poolers, post-processors, their arguments), and the tasks
+        the plan names (read only at step 0 and after the last step), checked with train.py's settings, before any
+        model loads."""
         keys = {key: value for key, value in node.items() if key not in ("_target_", "output_dir", "data_root",
                                                                            "provenance")}
         settings, plan = split_keywords(keys, *CONFIG_SETTINGS)
-        ScoringSession(settings, None, other_poolers=plan.dev_poolers, poolers_required=False)
+        check_plan_tasks(ScoringSession(settings, None, other_poolers=plan.dev_poolers, poolers_required=False), plan)
 
     def poolers_for(self, module, extra: list[str]) -> list[Pooler]:
         """The module's evaluation poolers, then each extra one whose name they do not already use."""
@@ -304,6 +305,28 @@ class STSEvaluationCallback(pl.Callback):
                                                            "points": self.history})
         if len(self.history) > 1:
             plot_curve(self.history, self.output_dir / "curve.png", f"{self.dev_task} Spearman x100 vs step")
+
+
+def check_plan_tasks(session: ScoringSession, plan: EvaluationPlan, key: str = "callbacks.sts_evaluation") -> None:
+    """The dev task is one STS task of the session's registry (the dev curve is its Spearman) and, where the run
+    ends with a final table, `final_tasks` names tasks or groups of it: a typo here would surface after training."""
+    try:
+        dev = session.tasks([plan.dev_task])
+    except ConfigError as err:
+        raise ConfigError(f"{key}.dev_task={plan.dev_task}: {err}") from None
+    if [task.name for task in dev] != [plan.dev_task] or dev[0].family != "sts":
+        raise ConfigError(f"{key}.dev_task={plan.dev_task} is not one STS task (the dev curve is one task's "
+                          "Spearman): name one, e.g. STSBenchmark-dev")
+    if not plan.score_best_at_end:
+        return
+    if not plan.final_tasks:
+        raise ConfigError(f"{key}.final_tasks=[] names no task for the final table: name tasks or groups (e.g. "
+                          f"[sts]), or set {key}.score_best_at_end=false for a run without one")
+    try:
+        final = session.tasks(plan.final_tasks)
+    except ConfigError as err:
+        raise ConfigError(f"{key}.final_tasks={list(plan.final_tasks)}: {err}") from None
+    session.check_family_args(final, f"{key}.final_tasks", f"{key}.")
 
 
 def dev_metric(dev_task: str, pooler: str) -> str:

@@ -44,6 +44,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from sklearn.utils.extmath import row_norms
 from threadpoolctl import threadpool_limits
 
+from promptemb.common.bounds import AtLeastOne
 from promptemb.common.device_profile import exact_matmuls
 from promptemb.common.errors import DataError
 from promptemb.evaluation.labeled_scoring import LabeledFamily, LabeledTask
@@ -57,8 +58,8 @@ TOL = 1e-4  # scikit-learn's KMeans default, relative to the mean feature varian
 
 @dataclass(frozen=True)
 class ClusteringConfig:
-    trials: int = 10
-    n_init: int = 10
+    trials: AtLeastOne = 10
+    n_init: AtLeastOne = 10
     kmeans: KMeansBackend = "auto"
 
     def describe(self) -> dict:

@@ -17,13 +17,14 @@ have are each one line before any model loads.
 from __future__ import annotations
 
 import time
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from promptemb.common.errors import ConfigError
 from promptemb.common.registry import Registry, choices_hint
-from promptemb.common.validation import not_a_key
+from promptemb.common.validation import check_value, not_a_key
 from promptemb.data.tasks import TaskSpec
 from promptemb.encoder.model import Encoder
 from promptemb.evaluation.clustering import ClusteringFamily
@@ -63,9 +64,15 @@ def family_settings(cls: type[EvaluationFamily], values: Mapping[str, Any] | Non
             raise ConfigError(f"{key}: the {cls.name} family has no settings; drop {key}")
         return None
     valid = list(getattr(cls.Settings, "__dataclass_fields__", {}))
-    for name in values:
+    try:
+        hints = typing.get_type_hints(cls.Settings, include_extras=True)
+    except (NameError, TypeError):  # hints that do not resolve: the dataclass takes its values unchecked
+        hints = {}
+    for name, value in values.items():
         if name not in valid:
             raise not_a_key(f"{key}.{name}", valid, f"{key} ({cls.Settings.__name__})")
+        check_value(f"{key}.{name}", list(value) if isinstance(value, tuple) else value,  # as YAML gives it
+                    hints.get(name, Any))  # its type and bounds, as every config value
     try:
         return cls.Settings(**{name: tuple(value) if isinstance(value, list) else value
                                for name, value in values.items()})

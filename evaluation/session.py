@@ -71,10 +71,21 @@ class ScoringSession:
         return self._corpora
 
     def tasks(self, names: Sequence[str]) -> list[TaskSpec]:
-        """The tasks of `names` (task names and groups), each of a registered evaluation family."""
-        tasks = get_tasks(list(names), self.corpora().registry)
+        """The tasks of `names` (task names and groups), each of a registered evaluation family (the registry alone
+        is read: names are checked before the data root is needed)."""
+        tasks = get_tasks(list(names), load_registry(self.registry_file))
         check_task_families(tasks, f"task_registry={self.registry_file}")
         return tasks
+
+    def check_family_args(self, tasks: Sequence[TaskSpec], key: str = "tasks", prefix: str = "") -> None:
+        """Each family given settings (`family_args.NAME`) scores one of `tasks` at least: settings no task reads
+        would be accepted and ignored."""
+        scored = {task.family for task in tasks}
+        for name in self.settings.family_args or {}:
+            if name not in scored:
+                raise ConfigError(f"{prefix}family_args.{name} is read by no task of {key}="
+                                  f"{[task.name for task in tasks]} (none is a {name} task): drop it, or add a "
+                                  f"{name} task")
 
     def options(self, template: Template | None, sentence_rule: str, max_sentence_tokens: int | None = None,
                 post_processors: bool = True, dims: Sequence[int] | None = None) -> ScoringOptions:

@@ -36,12 +36,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Annotated
 
 import numpy as np
 import torch
+from annotated_types import Ge, Gt, Lt
 from sklearn.metrics import f1_score
 from sklearn.model_selection import StratifiedKFold
 
+from promptemb.common.bounds import AtLeastOne, Fraction, NonNegative, NonNegativeInt, Positive, Seed
 from promptemb.common.device_profile import exact_matmuls
 from promptemb.common.errors import DataError
 from promptemb.evaluation.labeled_scoring import LabeledFamily, LabeledTask
@@ -53,17 +56,17 @@ PROTOCOLS = ("inner_kfold", "kfold", "split")
 class ClassifierConfig:
     """SentEval's classifier settings (the "full" configuration SimCSE/PromptBERT report)."""
 
-    seed: int = 1111
-    kfold: int = 10
-    batch_size: int = 64
-    tenacity: int = 5
-    epoch_size: int = 4
-    max_epoch: int = 200
-    l2_grid: tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2)
-    validation_split: float = 0.05
-    learning_rate: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    seed: Seed = 1111
+    kfold: Annotated[int, Ge(2)] = 10
+    batch_size: AtLeastOne = 64
+    tenacity: NonNegativeInt = 5
+    epoch_size: AtLeastOne = 4
+    max_epoch: AtLeastOne = 200
+    l2_grid: tuple[NonNegative, ...] = (1e-5, 1e-4, 1e-3, 1e-2)
+    validation_split: Annotated[float, Gt(0), Lt(1)] = 0.05
+    learning_rate: Positive = 1e-3
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    eps: NonNegative = 1e-8
 
     def describe(self) -> dict:
         return {"classifier": "SentEval MLP nhid=0 (linear + softmax), Adam, L2 as weight decay", **asdict(self)}

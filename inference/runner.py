@@ -109,7 +109,8 @@ class Evaluation:
         seed_everything(settings.seed)
         if settings.mode == "score":
             self.session = ScoringSession(settings.scoring, settings.data_root)
-            self.session.tasks(settings.tasks)  # an unknown task fails before the model loads
+            # an unknown task, or family settings no task reads, fail before the model loads
+            self.session.check_family_args(self.session.tasks(settings.tasks))
             poolers = self.session.poolers
         else:
             poolers = [build_pooler(settings.pooler, member_args=settings.pooler_args,

@@ -56,6 +56,16 @@ class OptunaSearch(Settings):
     params: dict  # key -> search space in Hydra's sweep syntax
 
 
+class StartsFrom(Settings):
+    """The run an experiment continues: `make reproduce` runs `experiment` first and passes its run's
+    checkpoints/last.ckpt as `checkpoint_key`."""
+
+    described_as: ClassVar[str] = "expected_scores.starts_from"
+
+    experiment: str
+    checkpoint_key: str
+
+
 class ExpectedScores(Settings):
     """An experiment's pinned results (`make reproduce`, research/expected_scores.py)."""
 
@@ -63,6 +73,7 @@ class ExpectedScores(Settings):
 
     tolerance: float = 0.5
     scores: dict[str, float]
+    starts_from: StartsFrom | None = None
 
 
 class TrainSettings(CommandSettings):
@@ -164,7 +175,6 @@ def check_train_composition(values: dict) -> None:
     from promptemb.lightning_modules.recipe import require_registered
 
     check_template(values, (values.get("model") or {}).get("_target_"))
-    check_selection_metric(values.get("callbacks") or {})
     check_node_maps(values, "callbacks", "logger")
     check_targets(values)
     if (recipe := target_of(values.get("model") or {})) is not None:
@@ -174,6 +184,7 @@ def check_train_composition(values: dict) -> None:
         owner = getattr(target := target_of(node or {}), "__self__", target)
         if hasattr(owner, "check_config"):
             owner.check_config(node)
+    check_selection_metric(values.get("callbacks") or {})  # after the callback's own check: its dev task exists
 
 
 def check_selection_metric(callbacks: dict) -> None:

@@ -11,7 +11,7 @@ import torch
 from sklearn.model_selection import StratifiedKFold
 
 from promptemb.common.device_profile import matmul_precision, preserved_matmul_precision, set_matmul_precision
-from promptemb.common.errors import DataError
+from promptemb.common.errors import ConfigError, DataError
 from promptemb.evaluation.transfer import (
     ClassifierConfig,
     TransferData,
@@ -311,6 +311,35 @@ def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     assert bad.returncode == 2
     assert ("family_args.transfer.folds is not a key of family_args.transfer (ClassifierConfig); did you mean "
             "family_args.transfer.kfold?") in bad.stderr
+    unread = evaluate(f"backbone.name_or_path={tiny_bert}", f"task_registry={registry}",
+                      f"output_dir={tmp_path / 'y'}", "tasks=[MINI-B]", "+family_args.transfer.kfold=3", data_root=root)
+    assert unread.returncode == 2 and not (tmp_path / "y").exists()
+    assert unread.stderr.strip() == ("error: family_args.transfer is read by no task of tasks=['MINI-B'] (none is a "
+                                     "transfer task): drop it, or add a transfer task")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"transfer": {"kfold": 1}}, "family_args.transfer.kfold=1: Input should be greater than or equal to 2"),
+    ({"transfer": {"kfold": 2.5}}, "family_args.transfer.kfold=2.5: Input should be a valid integer"),
+    ({"transfer": {"l2_grid": [0.1, -1.0]}}, "family_args.transfer.l2_grid=[0.1, -1.0]: Input should be greater "
+                                             "than or equal to 0"),
+    ({"transfer": {"learning_rate": float("nan")}}, "family_args.transfer.learning_rate=nan: Input should be a "
+                                                    "finite number"),
+    ({"transfer": {"betas": [0.9, 1.5]}}, "family_args.transfer.betas=[0.9, 1.5]: Input should be less than or "
+                                          "equal to 1"),
+    ({"clustering": {"trials": 0}}, "family_args.clustering.trials=0: Input should be greater than or equal to 1"),
+    ({"clustering": {"kmeans": "gpu"}}, "family_args.clustering.kmeans='gpu': Input should be 'auto', 'sklearn' or "
+                                        "'device'"),
+])
+def test_family_settings_are_checked_against_their_types(args, message):
+    """A family's settings are typed (bounds included) and checked as every config value is, in one line."""
+    from promptemb.evaluation.families import build_families
+
+    with pytest.raises(ConfigError) as refused:
+        build_families(args)
+    assert str(refused.value) == message
+    built = build_families({"transfer": {"kfold": 2, "l2_grid": (0.01,), "learning_rate": 1}})
+    assert built["transfer"].settings.l2_grid == (0.01,) and built["transfer"].settings.kfold == 2
 
 
 def test_transfer_on_a_device_in_full_float32():

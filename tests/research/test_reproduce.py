@@ -25,6 +25,19 @@ def test_quickstart_pins_its_scores():
     assert {"quickstart_unsup", "quickstart_sup", "quickstart_optiprompt"} <= set(expected_scores.pinned_experiments())
 
 
+def test_a_continued_run_names_a_pinned_experiment_and_the_key_that_takes_its_checkpoint():
+    from promptemb.common.hydra_bridge import compose
+
+    continued = {name: pinned["starts_from"] for name in expected_scores.pinned_experiments()
+                 if (pinned := expected_scores.pinned(name)).get("starts_from")}
+    assert continued == {"quickstart_pcc_tuning_smollm2": {"experiment": "quickstart_prompteol_sup_smollm2",
+                                                          "checkpoint_key": "model.stage_one_adapter"}}
+    for name, starts_from in continued.items():
+        assert starts_from["experiment"] in expected_scores.pinned_experiments()
+        group, key = starts_from["checkpoint_key"].split(".")
+        assert key in compose("train", [f"experiment={name}"], resolve=False)[group]
+
+
 def test_compare_flags_exactly_the_scores_outside_the_band():
     rows = expected_scores.compare({"tolerance": 0.5, "scores": {"best_dev": 82.4, "sts/mask/avg": 74.6,
                                                                  "sts/mask/STSBenchmark": 77.0}}, RESULTS)
@@ -74,8 +87,16 @@ def test_cpu_recipe_reproduces_its_pinned_scores(experiment, real_data_root, tmp
     if name.startswith("model:") and not is_fetched(models_root() / name.removeprefix("model:")):
         pytest.skip(f"{name} is not fetched in {models_root()} (promptemb-models fetch {name.removeprefix('model:')})")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PROMPTEMB_DATA": str(real_data_root)}
-    proc = subprocess.run([sys.executable, "train.py", f"experiment={experiment}", f"output_dir={tmp_path / 'run'}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=3 * 3600)
+    extra = []
+    if starts_from := expected_scores.pinned(experiment).get("starts_from"):  # the run it continues, first
+        first = tmp_path / "first"
+        proc = subprocess.run([sys.executable, "train.py", f"experiment={starts_from['experiment']}",
+                               f"output_dir={first}"], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=3 * 3600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        extra = [f"{starts_from['checkpoint_key']}={first / 'checkpoints' / 'last.ckpt'}"]
+    proc = subprocess.run([sys.executable, "train.py", f"experiment={experiment}", f"output_dir={tmp_path / 'run'}",
+                           *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=3 * 3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = expected_scores.check_run(experiment, tmp_path / "run")
     print(f"\n{experiment}:\n{expected_scores.table(rows)}")

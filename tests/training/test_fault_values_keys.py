@@ -111,6 +111,10 @@ def test_what_each_mode_reads_is_still_accepted(tmp_path):
                  r"^error: optimizer\.lr=nan: Input should be a finite number$", marks=pytest.mark.slow),
     pytest.param("export.py", ["ckpts=a.ckpt"], r"^error: 'ckpts' is not a key of export\.py's config",
                  marks=pytest.mark.slow),
+    # read only after the last step: refused before step 0
+    ("train.py", ["experiment=quickstart_unsup", "callbacks.sts_evaluation.final_tasks=[]"],
+     r"^error: callbacks\.sts_evaluation\.final_tasks=\[\] names no task for the final table: .* or set "
+     r"callbacks\.sts_evaluation\.score_best_at_end=false for a run without one$"),
 ])
 def test_entry_points_exit_2_with_one_line_and_leave_nothing(script, argv, pattern, real_data_root, tmp_path):
     out = tmp_path / "out"

@@ -507,6 +507,27 @@ def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(ti
     assert len(results["families"]["clustering"]["details"]["mean"]["MINICL"]["trials"]) == 2
 
 
+@pytest.mark.parametrize(("overrides", "pattern"), [
+    (["callbacks.sts_evaluation.final_tasks=[]"], r"^callbacks\.sts_evaluation\.final_tasks=\[\] names no task"),
+    (["callbacks.sts_evaluation.final_tasks=[STS12,STS99]"],
+     r"^callbacks\.sts_evaluation\.final_tasks=\['STS12', 'STS99'\]: unknown task STS99; valid tasks: STS12"),
+    (["callbacks.sts_evaluation.dev_task=STS-dev"], r"^callbacks\.sts_evaluation\.dev_task=STS-dev: unknown task"),
+    (["callbacks.sts_evaluation.dev_task=sts"], r"^callbacks\.sts_evaluation\.dev_task=sts is not one STS task"),
+    (["callbacks.sts_evaluation.dev_task=MR"], r"^callbacks\.sts_evaluation\.dev_task=MR is not one STS task"),
+])
+def test_the_callbacks_tasks_are_checked_before_step_0(overrides, pattern):
+    """The dev task (read at step 0) and the final tasks (read after the last step) exist; an empty final list is
+    refused with the switch that turns the final table off, which makes it unread."""
+    with pytest.raises(ConfigError, match=pattern):
+        TrainSettings.model_validate(plain(compose_train(["experiment=quickstart_unsup", *overrides])),
+                                     context=COMPOSITION)
+    TrainSettings.model_validate(plain(compose_train([
+        "experiment=quickstart_unsup", "callbacks.sts_evaluation.final_tasks=[]",
+        "callbacks.sts_evaluation.score_best_at_end=false"])), context=COMPOSITION)
+    TrainSettings.model_validate(plain(compose_train([
+        "experiment=quickstart_unsup", "callbacks.sts_evaluation.final_tasks=[sts,MR]"])), context=COMPOSITION)
+
+
 def test_checkpoint_selection_must_read_the_dev_score_the_callback_logs():
     """Another dev_task logs under another name: selecting on the default name would keep no best checkpoint (Lightning
     only warns), so the config is refused; the monitor and filename of that name pass."""
