@@ -1,5 +1,5 @@
 """LLM2Vec (BehnamGhader et al., COLM 2024; McGill-NLP/llm2vec 0.2.3 = 312adcf): a decoder turned into an encoder
-in three steps, each a LoRA recipe on the bidirectional model (`encoder/bidirectional.py`):
+in three steps, each a LoRA recipe on the bidirectional model (`encoder/bidirectional.py`).
 
 * `LLM2VecMNTP` — masked next-token prediction (experiments/run_mntp.py): a fraction p of the non-special tokens is
   chosen (default collator: 80% of them become the mask token, 10% a random token, 10% stay; `all_mask`: all become

@@ -1,4 +1,5 @@
-"""docs/reference.md lists every registered pooler and post-processor with its formula and paper, and is up to date."""
+"""docs/reference.md lists every registered pooler and post-processor with its formula and paper, and every built-in
+recipe with its configs and method, and is up to date."""
 
 from __future__ import annotations
 
@@ -20,3 +21,17 @@ def test_the_committed_reference_is_generated_from_the_registries():
     assert committed == component_reference.render(), "run python -m promptemb.research.component_reference"
     for name in (*component_reference.POOLERS, *component_reference.POSTS):
         assert f"| `{name}` |" in committed
+    recipes = committed.split("## Recipes", 1)[1]
+    for name in ("promptbert_unsup", "cotbert_unsup", "pcc_tuning", "llm2vec_contrastive"):
+        assert f"| `{name}` |" in recipes
+    assert "| `pcc_tuning` | `lightning_modules.pcc_tuning.PccTuning` | `model=pcc_tuning` | `pcc_tuning`, " \
+           "`quickstart_pcc_tuning_smollm2` | Pcc-tuning's second stage (Zhang & Li, EMNLP 2024" in recipes
+
+
+def test_a_users_recipe_stays_out_of_the_reference(monkeypatch):
+    """The reference lists the package's recipes only, whatever else the process registered."""
+    from promptemb.lightning_modules.promptbert import PromptBERTUnsup
+
+    mine = type("MyRecipe", (PromptBERTUnsup,), {"__module__": "my_recipes"})
+    monkeypatch.setattr(component_reference, "RECIPES", {**component_reference.RECIPES, "my_recipe": mine})
+    assert "my_recipe" not in component_reference.render()
