@@ -77,15 +77,14 @@ class ScoringSession:
         check_task_families(tasks, f"task_registry={self.registry_file}")
         return tasks
 
-    def check_family_args(self, tasks: Sequence[TaskSpec], key: str = "tasks", prefix: str = "") -> None:
-        """Each family given settings (`family_args.NAME`) scores one of `tasks` at least: settings no task reads
-        would be accepted and ignored."""
-        scored = {task.family for task in tasks}
+    def check_family_args(self, names: Sequence[str], key: str = "tasks", prefix: str = "") -> None:
+        """Each family given settings (`family_args.NAME`) scores one of the tasks of `names` at least: settings no
+        task reads would be accepted and ignored."""
+        scored = {task.family for task in self.tasks(names)}
         for name in self.settings.family_args or {}:
             if name not in scored:
-                raise ConfigError(f"{prefix}family_args.{name} is read by no task of {key}="
-                                  f"{[task.name for task in tasks]} (none is a {name} task): drop it, or add a "
-                                  f"{name} task")
+                raise ConfigError(f"{prefix}family_args.{name} is read by no task of {key}=[{','.join(names)}] (none "
+                                  f"is a {name} task): drop it, or add a {name} task")
 
     def options(self, template: Template | None, sentence_rule: str, max_sentence_tokens: int | None = None,
                 post_processors: bool = True, dims: Sequence[int] | None = None) -> ScoringOptions:

@@ -314,7 +314,7 @@ def test_evaluate_cli_scores_every_family(mini_data, tiny_bert, tmp_path):
     unread = evaluate(f"backbone.name_or_path={tiny_bert}", f"task_registry={registry}",
                       f"output_dir={tmp_path / 'y'}", "tasks=[MINI-B]", "+family_args.transfer.kfold=3", data_root=root)
     assert unread.returncode == 2 and not (tmp_path / "y").exists()
-    assert unread.stderr.strip() == ("error: family_args.transfer is read by no task of tasks=['MINI-B'] (none is a "
+    assert unread.stderr.strip() == ("error: family_args.transfer is read by no task of tasks=[MINI-B] (none is a "
                                      "transfer task): drop it, or add a transfer task")
 
 

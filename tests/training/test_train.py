@@ -514,6 +514,9 @@ def test_fit_end_scores_transfer_and_clustering_groups_and_logs_them_like_sts(ti
     (["callbacks.sts_evaluation.dev_task=STS-dev"], r"^callbacks\.sts_evaluation\.dev_task=STS-dev: unknown task"),
     (["callbacks.sts_evaluation.dev_task=sts"], r"^callbacks\.sts_evaluation\.dev_task=sts is not one STS task"),
     (["callbacks.sts_evaluation.dev_task=MR"], r"^callbacks\.sts_evaluation\.dev_task=MR is not one STS task"),
+    (["+callbacks.sts_evaluation.family_args.transfer.kfold=3"],
+     r"^callbacks\.sts_evaluation\.family_args\.transfer is read by no task of callbacks\.sts_evaluation\."
+     r"final_tasks=\[STS12,STS13,STS14,STS15,STS16,STSBenchmark,SICKRelatedness\] \(none is a transfer task\)"),
 ])
 def test_the_callbacks_tasks_are_checked_before_step_0(overrides, pattern):
     """The dev task (read at step 0) and the final tasks (read after the last step) exist; an empty final list is
