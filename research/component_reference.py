@@ -60,7 +60,7 @@ def recipes_table() -> list[str]:
     configs = {read_yaml(path)["model"]["_target_"]: path.stem for path in sorted((CONFIGS / "model").glob("*.yaml"))}
     trained = experiment_models()
     rows = ["| name | class | model config | experiments | method |", "|---|---|---|---|---|"]
-    for name, cls in RECIPES.items():
+    for name, cls in sorted(RECIPES.items()):  # by name: registration order is import order, which varies
         if not cls.__module__.startswith("promptemb."):  # a user's recipe registered in this process
             continue
         path = f"{cls.__module__}.{cls.__name__}"

@@ -35,3 +35,12 @@ def test_a_users_recipe_stays_out_of_the_reference(monkeypatch):
     mine = type("MyRecipe", (PromptBERTUnsup,), {"__module__": "my_recipes"})
     monkeypatch.setattr(component_reference, "RECIPES", {**component_reference.RECIPES, "my_recipe": mine})
     assert "my_recipe" not in component_reference.render()
+
+
+def test_the_recipe_table_does_not_depend_on_the_order_recipes_were_imported(monkeypatch):
+    """Recipes register as their modules are imported, in an order that varies between processes."""
+    component_reference.register_builtin_recipes()
+    committed = component_reference.DEFAULT_OUTPUT.read_text(encoding="utf-8")
+    monkeypatch.setattr(component_reference, "RECIPES", dict(reversed(list(component_reference.RECIPES.items()))))
+    assert component_reference.render() == committed
+
