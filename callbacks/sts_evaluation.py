@@ -323,10 +323,10 @@ def check_plan_tasks(session: ScoringSession, plan: EvaluationPlan, key: str = "
         raise ConfigError(f"{key}.final_tasks=[] names no task for the final table: name tasks or groups (e.g. "
                           f"[sts]), or set {key}.score_best_at_end=false for a run without one")
     try:
-        session.tasks(plan.final_tasks)
+        final = session.tasks(plan.final_tasks)
     except ConfigError as err:
         raise ConfigError(f"{key}.final_tasks={list(plan.final_tasks)}: {err}") from None
-    session.check_family_args(plan.final_tasks, f"{key}.final_tasks", f"{key}.")
+    session.check_family_args(final, plan.final_tasks, f"{key}.final_tasks", f"{key}.")
 
 
 def dev_metric(dev_task: str, pooler: str) -> str:

@@ -77,10 +77,11 @@ class ScoringSession:
         check_task_families(tasks, f"task_registry={self.registry_file}")
         return tasks
 
-    def check_family_args(self, names: Sequence[str], key: str = "tasks", prefix: str = "") -> None:
-        """Each family given settings (`family_args.NAME`) scores one of the tasks of `names` at least: settings no
-        task reads would be accepted and ignored."""
-        scored = {task.family for task in self.tasks(names)}
+    def check_family_args(self, tasks: Sequence[TaskSpec], names: Sequence[str], key: str = "tasks",
+                          prefix: str = "") -> None:
+        """Each family given settings (`family_args.NAME`) scores one of `tasks` (`self.tasks(names)`) at least:
+        settings no task reads would be accepted and ignored."""
+        scored = {task.family for task in tasks}
         for name in self.settings.family_args or {}:
             if name not in scored:
                 raise ConfigError(f"{prefix}family_args.{name} is read by no task of {key}=[{','.join(names)}] (none "

@@ -110,7 +110,7 @@ class Evaluation:
         if settings.mode == "score":
             self.session = ScoringSession(settings.scoring, settings.data_root)
             # an unknown task, or family settings no task reads, fail before the model loads
-            self.session.check_family_args(settings.tasks)
+            self.session.check_family_args(self.session.tasks(settings.tasks), settings.tasks)
             poolers = self.session.poolers
         else:
             poolers = [build_pooler(settings.pooler, member_args=settings.pooler_args,
