@@ -40,7 +40,7 @@ FORMAT_VERSION = 1
 POOLERS = ("mask", "avg", "last_token", "cls", "llm2vec")
 #: the one pooler a decoder (causal LM) exports: its template's last token
 DECODER_POOLER = "last_token"
-#: what a decoder trained by an LLM2Vec recipe exports: its LLM2Vec pooling of the bidirectional model
+#: what a bidirectional decoder exports: the LLM2Vec pooling its checkpoint records
 LLM2VEC_POOLER = "llm2vec"
 #: `from_pretrained(pooler="mean")`: sentence-transformers' mean pooling, `avg` over the plain sentence `[X]`
 PLAIN_MEAN = "mean"
@@ -118,16 +118,17 @@ class PromptEncoder:
     ):
         """Decoders: `pooler="last_token"` (the template's last token at `layer`), `padding_side` as the framework's
         decoder inputs (embeddings do not depend on it), `adapter` the record of a kept LoRA adapter (base model
-        name and weights sha256) when `transformer` is a peft model. `deep_prompt`: DCPCSE's prefixes, attached to
+        name and weights sha256) when `transformer` is a peft model. `deep_prompt`: trained prefixes, attached to
         `transformer` here (its forwards attend over them); `pooler="cls"` is its [CLS] (through `head` if given).
-        `pooler="llm2vec"` (a decoder of an LLM2Vec recipe; `template` None): `llm2vec` holds the `LLM2VecPooler`'s
-        pooling_mode, instruction, eos and skip_instruction; the decoder runs bidirectionally."""
+        `pooler="llm2vec"` (a bidirectional decoder's recorded pooling; `template` None): `llm2vec` holds the
+        `LLM2VecPooler`'s pooling_mode, instruction, eos and skip_instruction; the decoder runs bidirectionally."""
         if pooler not in POOLERS:
             raise ConfigError(f"unknown export pooler {pooler!r}; valid: {', '.join(POOLERS)}")
         if deep_prompt is not None and pooler not in ("cls", "avg"):
-            raise ConfigError(f"a model with deep prompts (DCPCSE) exports pooler=cls or avg, not {pooler}")
+            raise ConfigError(f"a model with deep prompts (trained prefixes in every layer) exports pooler=cls or avg, "
+                              f"not {pooler}")
         if (pooler == LLM2VEC_POOLER) != (llm2vec is not None):
-            raise ConfigError("pooler=llm2vec is the pooling of a decoder trained by an LLM2Vec recipe; export its "
+            raise ConfigError("pooler=llm2vec is the pooling a bidirectional decoder's checkpoint records; export that "
                               "checkpoint (the pooling comes from it), or use another pooler")
         self.deep_prompt = deep_prompt
         if deep_prompt is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from promptemb.common.io import atomic_write_text
+from promptemb.configs import CONFIG_DIR
 from promptemb.lightning_modules.recipe import RECIPES, register_builtin_recipes
 from promptemb.poolers.registry import BUILTIN_POOLERS as POOLERS
 from promptemb.poolers.registry import PAPERS as POOLER_PAPERS
@@ -23,7 +24,6 @@ from promptemb.postprocessing.registry import PAPERS as POST_PAPERS
 from promptemb.postprocessing.registry import POSTS
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def formula(obj) -> str:
@@ -40,9 +40,9 @@ def read_yaml(path: Path) -> dict:
 def experiment_models() -> dict[str, str]:
     """experiment -> the model config it trains: its `override /model`, else its parent experiment's, else
     train.yaml's default."""
-    defaults = {path.stem: read_yaml(path).get("defaults") or [] for path in sorted((CONFIGS / "experiment").glob(
+    defaults = {path.stem: read_yaml(path).get("defaults") or [] for path in sorted((CONFIG_DIR / "experiment").glob(
         "*.yaml"))}
-    default_model = next(entry["model"] for entry in read_yaml(CONFIGS / "train.yaml")["defaults"]
+    default_model = next(entry["model"] for entry in read_yaml(CONFIG_DIR / "train.yaml")["defaults"]
                          if isinstance(entry, dict) and "model" in entry)
 
     def model_of(name: str) -> str:
@@ -57,7 +57,8 @@ def experiment_models() -> dict[str, str]:
 
 def recipes_table() -> list[str]:
     register_builtin_recipes()
-    configs = {read_yaml(path)["model"]["_target_"]: path.stem for path in sorted((CONFIGS / "model").glob("*.yaml"))}
+    configs = {read_yaml(path)["model"]["_target_"]: path.stem
+               for path in sorted((CONFIG_DIR / "model").glob("*.yaml"))}
     trained = experiment_models()
     rows = ["| name | class | model config | experiments | method |", "|---|---|---|---|---|"]
     for name, cls in sorted(RECIPES.items()):  # by name: registration order is import order, which varies
